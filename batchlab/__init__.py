@@ -1,0 +1,16 @@
+"""batchlab: how LLM servers batch requests, on an analytic GPU cost model and a jitted scheduler loop."""
+from .cost import CostModel, StepBreakdown
+from .hardware import Hardware, get_hardware, hardware_names
+from .models import ModelSpec, get_model, model_names
+from .result import SimResult
+from .sim import POLICIES, simulate, vllm_defaults
+from .workload import (Requests, arrivals_gamma, arrivals_poisson, fixed, from_frame, lengths_empirical,
+                       lengths_lognormal, lengths_uniform, read_trace, synthetic)
+
+__all__ = [
+    "CostModel", "StepBreakdown", "Hardware", "get_hardware", "hardware_names", "ModelSpec", "get_model",
+    "model_names", "SimResult", "POLICIES", "simulate", "vllm_defaults", "Requests", "arrivals_gamma",
+    "arrivals_poisson", "fixed", "from_frame", "lengths_empirical", "lengths_lognormal", "lengths_uniform",
+    "read_trace", "synthetic",
+]
+__version__ = "0.1.0"

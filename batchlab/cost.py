@@ -1,0 +1,223 @@
+"""The analytic cost of one iteration: a per-operator roofline on one GPU (or a tensor-parallel group).
+
+One iteration holds prefill chunks i (c_i new tokens on top of p_i cached ones) and decode sequences j
+(context l_j). With T = sum(c_i) + N_dec new tokens:
+
+    t_gemm = max(2 P T / (eta_c F), P b_w / (eta_m BW))            weights stream once per step
+    F_attn = sum_i 2 L d c_i (2 p_i + c_i) + sum_j 4 L d l_j         causal prefill + one decode row
+    B_kv   = k (sum_i p_i + sum_j l_j + T)                           read cached KV, write new KV
+    t_attn = max(F_attn / (eta_a F), B_kv / (eta_m BW))
+    step   = t_gemm + t_attn + t_comm + t_overhead
+
+Under tensor parallelism t the work and bytes per GPU are divided by t and every layer adds two
+all-reduces of the activations (ring algorithm). The formula itself lives in ``sim._step_cost`` so the
+jitted scheduler loop and this module evaluate the very same code.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import NamedTuple, Sequence
+
+import numpy as np
+
+from .hardware import DTYPES, Hardware
+from .models import BYTES_PER_ELEMENT, ModelSpec
+from .sim import N_COEF, _step_cost
+
+ACTIVATION_BYTES = 2  # activations travel between GPUs in BF16
+
+# Starting values of DESIGN section 3 until ``data/calibration.csv`` supplies fitted ones.
+DEFAULT_EFFICIENCY = {"eta_compute": 0.6, "eta_memory": 0.8, "eta_attn": 0.5, "overhead_s": 1e-3}
+
+
+class StepBreakdown(NamedTuple):
+    """Where the time of one iteration goes."""
+
+    total_s: float  # seconds, the whole step
+    gemm_s: float  # seconds, weight GEMMs (max of compute and weight streaming)
+    attn_s: float  # seconds, attention (max of compute and KV traffic)
+    comm_s: float  # seconds, tensor-parallel all-reduces
+    overhead_s: float  # seconds, fixed per-step cost (scheduling, launches, sampling)
+    flops: float  # FLOP per GPU in the step
+    hbm_bytes: float  # bytes read or written from HBM per GPU in the step
+    bound: str  # "compute" if the math takes longer than the memory traffic, else "memory"
+
+
+@dataclasses.dataclass(frozen=True)
+class CostModel:
+    """Time of one scheduler iteration for a model on a GPU.
+
+    Parameters
+    ----------
+    hardware, model : Hardware, ModelSpec
+        From :func:`batchlab.get_hardware` and :func:`batchlab.get_model`.
+    dtype : {"bf16", "fp8"}
+        Storage and GEMM type of the weights.
+    tp : int
+        Tensor-parallel degree (1 to 8).
+    kv_dtype : {"bf16", "fp8"}
+        Storage type of the KV cache (vLLM's ``kv_cache_dtype``; its "auto" keeps BF16).
+    eta_compute, eta_memory, eta_attn : float
+        Achieved fraction of peak FLOP/s in GEMMs, of HBM bandwidth, and of peak FLOP/s in attention.
+    overhead_s : float
+        Seconds added to every iteration (scheduling, kernel launches, sampling).
+    allreduce_latency_s : float
+        Seconds of fixed latency per all-reduce when ``tp > 1``.
+    """
+
+    hardware: Hardware
+    model: ModelSpec
+    dtype: str = "bf16"
+    tp: int = 1
+    kv_dtype: str = "bf16"
+    eta_compute: float = DEFAULT_EFFICIENCY["eta_compute"]
+    eta_memory: float = DEFAULT_EFFICIENCY["eta_memory"]
+    eta_attn: float = DEFAULT_EFFICIENCY["eta_attn"]
+    overhead_s: float = DEFAULT_EFFICIENCY["overhead_s"]
+    allreduce_latency_s: float = 0.0
+
+    def __post_init__(self):
+        if not isinstance(self.hardware, Hardware):
+            raise ValueError("hardware must be a Hardware (see batchlab.get_hardware)")
+        if not isinstance(self.model, ModelSpec):
+            raise ValueError("model must be a ModelSpec (see batchlab.get_model)")
+        for field in ("dtype", "kv_dtype"):
+            if getattr(self, field) not in DTYPES:
+                raise ValueError(f"{field} must be one of {DTYPES}, got {getattr(self, field)!r}")
+        if not isinstance(self.tp, (int, np.integer)) or isinstance(self.tp, bool) or not 1 <= self.tp <= 8:
+            raise ValueError(f"tp must be an integer from 1 to 8, got {self.tp!r}")
+        for field in ("eta_compute", "eta_memory", "eta_attn"):
+            value = getattr(self, field)
+            if not (isinstance(value, (int, float)) and 0 < value <= 1):
+                raise ValueError(f"{field} must be in (0, 1], got {value!r}")
+        for field in ("overhead_s", "allreduce_latency_s"):
+            value = getattr(self, field)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"{field} must be a finite number of seconds >= 0, got {value!r}")
+
+    # -- derived quantities -------------------------------------------------------------------
+    def ideal(self) -> "CostModel":
+        """The pure roofline: every efficiency 1, no per-step overhead, no all-reduce latency."""
+        return dataclasses.replace(
+            self, eta_compute=1.0, eta_memory=1.0, eta_attn=1.0, overhead_s=0.0, allreduce_latency_s=0.0
+        )
+
+    def replace(self, **changes) -> "CostModel":
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def peak_flops(self) -> float:
+        """FLOP/s per GPU for this weight dtype."""
+        return self.hardware.peak_flops(self.dtype)
+
+    @property
+    def weight_bytes(self) -> float:
+        """Weight bytes held (and streamed each step) by one GPU."""
+        return self.model.weight_bytes(self.dtype) / self.tp
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        """KV bytes per token held by one GPU (KV heads are split over the TP group, replicated below one per GPU)."""
+        m = self.model
+        heads_per_gpu = max(m.kv_heads / self.tp, 1.0)
+        return 2 * m.layers * heads_per_gpu * m.head_dim * BYTES_PER_ELEMENT[self.kv_dtype]
+
+    def coefficients(self) -> np.ndarray:
+        """The float64 vector ``sim._step_cost`` reads: every constant of the formula, per GPU."""
+        m, hw, tp = self.model, self.hardware, self.tp
+        coef = np.zeros(N_COEF)
+        coef[0] = 2.0 * m.params / tp
+        coef[1] = self.weight_bytes
+        coef[2] = 2.0 * m.layers * m.attn_dim / tp
+        coef[3] = self.kv_bytes_per_token
+        coef[4] = self.peak_flops
+        coef[5] = hw.hbm_bytes_per_s
+        coef[6] = self.eta_compute
+        coef[7] = self.eta_memory
+        coef[8] = self.eta_attn
+        coef[9] = self.overhead_s
+        if tp > 1:
+            # Two ring all-reduces per layer, each moving 2 (t-1)/t of the activations per GPU.
+            per_token = 2 * m.layers * 2 * (tp - 1) / tp * m.d_model * ACTIVATION_BYTES
+            coef[10] = per_token / hw.interconnect_bytes_per_s
+            coef[11] = 2 * m.layers * self.allreduce_latency_s
+        return coef
+
+    def kv_pool_blocks(self, gpu_memory_utilization: float = 0.9, block_size: int = 16) -> int:
+        """KV blocks that fit beside the weights: floor((util * HBM - weights) / (block_size * k)), per GPU."""
+        if not 0 < gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")
+        if not isinstance(block_size, (int, np.integer)) or block_size < 1:
+            raise ValueError(f"block_size must be an integer >= 1, got {block_size!r}")
+        free = gpu_memory_utilization * self.hardware.hbm_bytes - self.weight_bytes
+        return max(int(free // (block_size * self.kv_bytes_per_token)), 0)
+
+    # -- step times ---------------------------------------------------------------------------
+    def step_breakdown(
+        self,
+        prefill_chunks: Sequence[tuple[int, int]] = (),
+        decode_contexts: Sequence[int] = (),
+    ) -> StepBreakdown:
+        """Time of one iteration and where it goes.
+
+        Parameters
+        ----------
+        prefill_chunks : sequence of (new_tokens, cached_tokens)
+            Prompt chunks computed in the step; ``cached_tokens`` of the same prompt are already in KV.
+        decode_contexts : sequence of int
+            Context length (cached tokens) of each sequence emitting one token.
+        """
+        chunks = np.asarray(prefill_chunks, dtype=np.float64).reshape(-1, 2)
+        ctx = np.asarray(decode_contexts, dtype=np.float64).reshape(-1)
+        if (chunks < 0).any() or (ctx < 0).any() or (chunks[:, 0] < 1).any():
+            raise ValueError("prefill_chunks need new_tokens >= 1 and cached_tokens >= 0; decode_contexts >= 0")
+        c, p = chunks[:, 0], chunks[:, 1]
+        new_tokens = c.sum() + ctx.size
+        if new_tokens == 0:
+            raise ValueError("a step needs at least one prefill chunk or one decode sequence")
+        attn_work = (c * (2 * p + c)).sum() + 2 * ctx.sum()
+        cached = p.sum() + ctx.sum()
+        out = _step_cost(self.coefficients(), new_tokens, attn_work, cached)
+        total, gemm, attn, comm, flops, nbytes, compute_bound = out
+        return StepBreakdown(total, gemm, attn, comm, self.overhead_s, flops, nbytes,
+                             "compute" if compute_bound else "memory")
+
+    def step_time(self, prefill_chunks: Sequence[tuple[int, int]] = (), decode_contexts: Sequence[int] = ()) -> float:
+        """Seconds for one iteration of prefill chunks ``(new, cached)`` and decodes at ``decode_contexts``."""
+        return self.step_breakdown(prefill_chunks, decode_contexts).total_s
+
+    def decode_step_time(self, batch, context):
+        """Seconds of one decode iteration of ``batch`` sequences each holding ``context`` cached tokens.
+
+        Broadcasts over arrays of ``batch`` and ``context`` (for roofline charts).
+        """
+        b, ctx = np.broadcast_arrays(np.asarray(batch, dtype=np.float64), np.asarray(context, dtype=np.float64))
+        if (b < 1).any() or (ctx < 0).any():
+            raise ValueError("batch must be >= 1 and context >= 0")
+        coef = self.coefficients()
+        out = np.array([_step_cost(coef, bi, 2 * bi * ci, bi * ci)[0] for bi, ci in zip(b.ravel(), ctx.ravel())])
+        return float(out[0]) if b.ndim == 0 else out.reshape(b.shape)
+
+    def prefill_time(self, tokens: int) -> float:
+        """Seconds to prefill one prompt of ``tokens`` tokens alone, unchunked."""
+        if tokens < 1:
+            raise ValueError(f"tokens must be >= 1, got {tokens!r}")
+        return self.step_time(prefill_chunks=[(tokens, 0)])
+
+    def knee(self, context: float = 0.0) -> float:
+        """Batch size where a decode step leaves its floor: min(ridge, B_kv).
+
+        The ridge is where GEMM math equals weight streaming, eta_c F b_w / (2 eta_m BW) sequences
+        (295.3 for BF16 on H100 at 100 %). B_kv = P b_w / (context k) is where the KV bytes read equal the
+        weight bytes, doubling the memory floor. With no context the KV term never binds.
+        """
+        if context < 0:
+            raise ValueError(f"context must be >= 0, got {context!r}")
+        b_w = BYTES_PER_ELEMENT[self.dtype]
+        ridge = self.eta_compute * self.peak_flops * b_w / (2 * self.eta_memory * self.hardware.hbm_bytes_per_s)
+        if context == 0:
+            return ridge
+        b_kv = self.weight_bytes / (context * self.kv_bytes_per_token)
+        return min(ridge, b_kv)

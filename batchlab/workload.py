@@ -1,0 +1,238 @@
+"""Request streams: the validated ``Requests`` container, seeded generators and trace readers.
+
+Every generator takes ``seed`` (an int or a ``numpy.random.Generator``) and draws everything in NumPy,
+so a stream is a pure function of its arguments.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+import dataclasses
+
+import numpy as np
+import pandas as pd
+
+
+def _rng(seed) -> np.random.Generator:
+    if isinstance(seed, np.random.Generator):
+        return seed
+    if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool) and seed >= 0:
+        return np.random.default_rng(int(seed))
+    raise ValueError(f"seed must be an integer >= 0 or a numpy.random.Generator, got {seed!r}")
+
+
+def _token_array(values, field: str) -> np.ndarray:
+    a = np.asarray(values)
+    if a.ndim != 1:
+        raise ValueError(f"{field} must be a one-dimensional array of token counts")
+    if a.dtype.kind == "b" or a.dtype.kind not in "iuf":
+        raise ValueError(f"{field} must hold whole numbers >= 1, got dtype {a.dtype}")
+    if a.dtype.kind == "f":
+        if not np.isfinite(a).all():
+            raise ValueError(f"{field} must be finite whole numbers >= 1 (found NaN or inf)")
+        if (a != np.round(a)).any():
+            raise ValueError(f"{field} must be whole numbers >= 1 (found a fraction)")
+    if a.size and a.min() < 1:
+        raise ValueError(f"{field} must be whole numbers >= 1 (found {a.min()})")
+    return a.astype(np.int64)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Requests:
+    """A request stream, sorted by arrival. Validated on construction; the arrays are read-only."""
+
+    arrival_s: np.ndarray  # seconds since the stream began, non-decreasing, float64
+    prompt_tokens: np.ndarray  # tokens in each prompt, >= 1, int64
+    output_tokens: np.ndarray  # tokens each request will generate, >= 1, int64
+
+    def __post_init__(self):
+        arrival = np.array(self.arrival_s, dtype=np.float64)
+        if arrival.ndim != 1:
+            raise ValueError("arrival_s must be a one-dimensional array of seconds")
+        if not np.isfinite(arrival).all():
+            raise ValueError("arrival_s must be finite seconds >= 0 (found NaN or inf)")
+        if arrival.size and arrival.min() < 0:
+            raise ValueError("arrival_s must be seconds >= 0")
+        if (np.diff(arrival) < 0).any():
+            raise ValueError("arrival_s must be sorted (non-decreasing); sort the stream by arrival first")
+        prompt = _token_array(self.prompt_tokens, "prompt_tokens")
+        output = _token_array(self.output_tokens, "output_tokens")
+        if not (arrival.size == prompt.size == output.size):
+            raise ValueError(
+                f"arrival_s, prompt_tokens and output_tokens must have one length, got "
+                f"{arrival.size}, {prompt.size}, {output.size}"
+            )
+        if arrival.size == 0:
+            raise ValueError("a request stream needs at least one request")
+        for name, a in (("arrival_s", arrival), ("prompt_tokens", prompt), ("output_tokens", output)):
+            a = np.array(a)  # own copy, so freezing it cannot touch the caller's array
+            a.flags.writeable = False
+            object.__setattr__(self, name, a)
+
+    def __len__(self) -> int:
+        return int(self.arrival_s.size)
+
+    @property
+    def n(self) -> int:
+        """Number of requests."""
+        return int(self.arrival_s.size)
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per request."""
+        return pd.DataFrame({"arrival_s": self.arrival_s, "prompt_tokens": self.prompt_tokens,
+                             "output_tokens": self.output_tokens})
+
+    def head(self, n: int) -> "Requests":
+        """The first ``n`` requests."""
+        return Requests(self.arrival_s[:n], self.prompt_tokens[:n], self.output_tokens[:n])
+
+    def scale_time(self, speedup: float) -> "Requests":
+        """The same stream with arrivals ``speedup`` times faster (rate times ``speedup``)."""
+        if not (speedup > 0 and math.isfinite(speedup)):
+            raise ValueError(f"speedup must be a finite number > 0, got {speedup!r}")
+        return Requests(self.arrival_s / speedup, self.prompt_tokens, self.output_tokens)
+
+
+# -- lengths -------------------------------------------------------------------------------------
+
+def lengths_lognormal(n: int, mean: float, cv: float, seed=0, max_tokens: int | None = None) -> np.ndarray:
+    """``n`` token counts from a lognormal with the given mean and coefficient of variation.
+
+    ``cv = 0`` gives every request exactly ``round(mean)`` tokens. Values are rounded and clipped to
+    [1, ``max_tokens``].
+    """
+    _check_count(n)
+    if not (mean >= 1 and math.isfinite(mean)):
+        raise ValueError(f"mean must be a finite number of tokens >= 1, got {mean!r}")
+    if not (cv >= 0 and math.isfinite(cv)):
+        raise ValueError(f"cv must be a finite number >= 0, got {cv!r}")
+    rng = _rng(seed)
+    if cv == 0:
+        x = np.full(n, float(mean))
+    else:
+        sigma2 = math.log1p(cv * cv)
+        x = rng.lognormal(math.log(mean) - sigma2 / 2, math.sqrt(sigma2), n)
+    hi = np.inf if max_tokens is None else max_tokens
+    return np.clip(np.rint(x), 1, hi).astype(np.int64)
+
+
+def lengths_uniform(n: int, low: int, high: int, seed=0) -> np.ndarray:
+    """``n`` token counts uniform on the integers [low, high]."""
+    _check_count(n)
+    if not (1 <= low <= high):
+        raise ValueError(f"low and high must satisfy 1 <= low <= high, got {low!r}, {high!r}")
+    return _rng(seed).integers(low, high + 1, n).astype(np.int64)
+
+
+def lengths_empirical(n: int, quantiles, seed=0) -> np.ndarray:
+    """``n`` token counts by inverse CDF from a table of equally spaced quantiles (q0 = min ... q1 = max)."""
+    _check_count(n)
+    q = np.asarray(quantiles, dtype=np.float64)
+    if q.ndim != 1 or q.size < 2 or (np.diff(q) < 0).any() or q[0] < 1:
+        raise ValueError("quantiles must be a non-decreasing array of at least two token counts >= 1")
+    u = _rng(seed).random(n)
+    grid = np.linspace(0.0, 1.0, q.size)
+    return np.clip(np.rint(np.interp(u, grid, q)), 1, None).astype(np.int64)
+
+
+# -- arrivals ------------------------------------------------------------------------------------
+
+def arrivals_gamma(n: int, rate: float, cv: float = 1.0, seed=0) -> np.ndarray:
+    """Arrival times (s) of a renewal process with gamma inter-arrivals of mean 1/rate and CV ``cv``.
+
+    ``cv = 1`` is Poisson; ``cv > 1`` is bursty; ``cv = 0`` is evenly spaced; ``rate = inf`` puts every
+    request at time 0. The first request arrives at 0.
+    """
+    _check_count(n)
+    if not rate > 0:
+        raise ValueError(f"rate must be > 0 requests/s (inf for all at once), got {rate!r}")
+    if not (cv >= 0 and math.isfinite(cv)):
+        raise ValueError(f"cv must be a finite number >= 0, got {cv!r}")
+    if math.isinf(rate):
+        return np.zeros(n)
+    rng = _rng(seed)
+    if cv == 0:
+        gaps = np.full(n - 1, 1.0 / rate)
+    else:
+        shape = 1.0 / (cv * cv)
+        gaps = rng.gamma(shape, 1.0 / (rate * shape), n - 1)
+    return np.concatenate([[0.0], np.cumsum(gaps)])
+
+
+def arrivals_poisson(n: int, rate: float, seed=0) -> np.ndarray:
+    """Arrival times (s) of a Poisson process of ``rate`` requests/s, first at 0."""
+    return arrivals_gamma(n, rate, 1.0, seed)
+
+
+def synthetic(n: int, prompt_mean: float, output_mean: float, prompt_cv: float = 0.0, output_cv: float = 0.0,
+              rate: float = math.inf, arrival_cv: float = 1.0, seed=0, max_tokens: int | None = None) -> Requests:
+    """A synthetic stream: lognormal prompt and output lengths, gamma arrivals.
+
+    Parameters
+    ----------
+    n : int
+        Requests.
+    prompt_mean, output_mean : float
+        Mean tokens per prompt and per output.
+    prompt_cv, output_cv : float
+        Coefficients of variation of the lengths (0 = all equal).
+    rate : float
+        Mean arrival rate in requests/s (inf = everything at time 0).
+    arrival_cv : float
+        CV of inter-arrival gaps (1 = Poisson, > 1 bursty).
+    seed : int or numpy.random.Generator
+    max_tokens : int, optional
+        Upper clip of each length.
+    """
+    rng = _rng(seed)
+    prompt = lengths_lognormal(n, prompt_mean, prompt_cv, rng, max_tokens)
+    output = lengths_lognormal(n, output_mean, output_cv, rng, max_tokens)
+    arrival = arrivals_gamma(n, rate, arrival_cv, rng)
+    return Requests(arrival, prompt, output)
+
+
+def fixed(n: int, prompt_tokens: int, output_tokens: int, rate: float = math.inf, seed=0) -> Requests:
+    """``n`` identical requests, Poisson arrivals at ``rate`` (inf: all at time 0)."""
+    return synthetic(n, prompt_tokens, output_tokens, rate=rate, seed=seed)
+
+
+def _check_count(n) -> None:
+    if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"n must be an integer >= 1, got {n!r}")
+
+
+# -- traces --------------------------------------------------------------------------------------
+
+def from_frame(df: pd.DataFrame, arrival: str, prompt: str, output: str, time_unit: str = "s") -> Requests:
+    """A stream from a table with an arrival column (seconds, ms, ns, or datetimes) and two length columns.
+
+    Arrivals are shifted so the first is at 0; rows are sorted by arrival (stable, so ties keep file order).
+    """
+    for col in (arrival, prompt, output):
+        if col not in df.columns:
+            raise ValueError(f"column {col!r} not found; columns are {list(df.columns)}")
+    t = df[arrival]
+    if time_unit == "datetime" or not pd.api.types.is_numeric_dtype(t):
+        secs = pd.to_datetime(t, format="mixed").astype("int64").to_numpy() / 1e9
+    else:
+        scale = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
+        if time_unit not in scale:
+            raise ValueError(f"time_unit must be one of {sorted(scale) + ['datetime']}, got {time_unit!r}")
+        secs = t.to_numpy(dtype=np.float64) * scale[time_unit]
+    order = np.argsort(secs, kind="stable")
+    secs = secs[order] - secs[order][0]
+    return Requests(secs, df[prompt].to_numpy()[order], df[output].to_numpy()[order])
+
+
+def read_trace(path, arrival: str, prompt: str, output: str, time_unit: str = "s") -> Requests:
+    """Read a CSV or JSON-lines trace (by extension) into ``Requests``; see :func:`from_frame`."""
+    path = Path(path)
+    if path.suffix in (".jsonl", ".json"):
+        with open(path) as fh:
+            df = pd.DataFrame([json.loads(line) for line in fh if line.strip()])
+    elif path.suffix == ".csv":
+        df = pd.read_csv(path)
+    else:
+        raise ValueError(f"trace files must end in .csv or .jsonl, got {path.name!r}")
+    return from_frame(df, arrival, prompt, output, time_unit)
