@@ -203,6 +203,7 @@ def _run_iterations(arrival, prompt, output, live, tok_off, coef, chunked, max_n
     w_len = 0
     step_req = np.empty(n, np.int64)
     step_tok = np.empty(n, np.int64)
+    skipped = np.empty(n, np.int64)
     steps = np.empty((1024, 9))
     sched = np.empty((1024 if record else 1, 4), np.int64)
     n_steps = 0
@@ -263,20 +264,24 @@ def _run_iterations(arrival, prompt, output, live, tok_off, coef, chunked, max_n
                 i += 1
             # 2. Waiting requests, oldest first, only if nobody was preempted in this iteration.
             if not preempted:
+                n_skip = 0
                 while w_len > 0 and left > 0 and n_running < max_num_seqs:
                     r = wait[w_head]
                     want = prompt[r] + emitted[r] - computed[r]
                     if threshold > 0 and want > threshold:
                         want = threshold
                     if not enable_chunking and want > left:
+                        # vLLM V1 sets it aside and tries the next one; it keeps its place at the front.
+                        w_head = (w_head + 1) % n
+                        w_len -= 1
                         if want > budget:
                             # A resumed request whose recomputation can never fit one iteration.
                             out_reject[r] = REJECT_RECOMPUTE
-                            w_head = (w_head + 1) % n
-                            w_len -= 1
                             finished += 1
-                            continue
-                        break
+                        else:
+                            skipped[n_skip] = r
+                            n_skip += 1
+                        continue
                     if want > left:
                         want = left
                     need = _blocks_for(computed[r] + want, block_size) - blocks[r]
@@ -292,6 +297,10 @@ def _run_iterations(arrival, prompt, output, live, tok_off, coef, chunked, max_n
                     step_tok[n_step] = want
                     n_step += 1
                     left -= want
+                for k in range(n_skip - 1, -1, -1):
+                    w_head = (w_head - 1) % n
+                    wait[w_head] = skipped[k]
+                    w_len += 1
         else:
             # Orca: whole prompts join, KV for prompt + output reserved up front; no preemption.
             n_new = 0
@@ -502,7 +511,8 @@ def simulate(requests, policy: str, cost, *, batch_size=None, max_queue_delay_s=
     long_prefill_token_threshold : int, default 0
         Chunked: cap on tokens per request per iteration (0 = none).
     enable_chunked_prefill : bool, default True
-        Chunked: False makes a prompt that does not fit the remaining budget wait (and blocks those behind it).
+        Chunked: False makes a prompt that does not fit the remaining budget wait for a later iteration;
+        as in vLLM V1, requests behind it that do fit are admitted meanwhile.
     block_size : int, default 16
         Tokens per KV block.
     gpu_memory_utilization : float, default 0.9
