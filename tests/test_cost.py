@@ -1,0 +1,134 @@
+"""Closed forms of the roofline (DESIGN section 3) and the CostModel's validation."""
+import math
+
+import numpy as np
+import pytest
+
+import batchlab as bl
+
+
+@pytest.fixture(scope="module")
+def ideal8b(h100):
+    return bl.CostModel(h100, bl.get_model("llama-3-8b")).ideal()
+
+
+def test_ridge_point_is_295_sequences_for_any_model(h100):
+    for name in bl.model_names():
+        for dtype in ("bf16", "fp8"):
+            knee = bl.CostModel(h100, bl.get_model(name), dtype=dtype).ideal().knee(0)
+            assert knee == pytest.approx(989.4e12 / 3.35e12, abs=0.5)
+            assert knee == pytest.approx(295.3, abs=0.5)
+
+
+@pytest.mark.parametrize("context, expected, tol", [(512, 239, 2), (1024, 120, 2), (4096, 30, 1), (16384, 7.5, 0.2)])
+def test_kv_cache_drags_the_knee_down(ideal8b, context, expected, tol):
+    assert ideal8b.knee(context) == pytest.approx(expected, abs=tol)
+
+
+def test_knee_is_where_the_decode_step_doubles_its_floor(ideal8b):
+    # Below the ridge the step is weights + KV over bandwidth: it doubles when KV bytes equal weight bytes.
+    context = 4096
+    b = ideal8b.knee(context)
+    floor = ideal8b.weight_bytes / ideal8b.hardware.hbm_bytes_per_s
+    step = ideal8b.decode_step_time(b, context)
+    assert step == pytest.approx(2 * floor, rel=0.01)
+
+
+def test_batch_one_decode_streams_the_weights(h100, ideal8b):
+    assert ideal8b.decode_step_time(1, 0) == pytest.approx(16.06e9 / 3.35e12, rel=0.02)
+    assert ideal8b.decode_step_time(1, 0) * 1e3 == pytest.approx(4.79, rel=0.02)
+    c70 = bl.CostModel(h100, bl.get_model("llama-3-70b"), dtype="fp8").ideal()
+    assert c70.decode_step_time(1, 0) * 1e3 == pytest.approx(21.1, rel=0.02)
+
+
+def test_prefill_of_8000_tokens(ideal8b, h100):
+    t = ideal8b.prefill_time(8000)
+    gemm = 2 * 8030261248 * 8000 / 989.4e12
+    assert t == pytest.approx(0.147, rel=0.01)
+    assert (t - gemm) / gemm == pytest.approx(0.13, abs=0.01)  # attention adds about 13 %
+    c70 = bl.CostModel(h100, bl.get_model("llama-3-70b"), dtype="fp8").ideal()
+    assert c70.prefill_time(8000) == pytest.approx(0.613, rel=0.005)  # far above the article's 400 ms gap
+
+
+def test_flat_then_linear(ideal8b):
+    batch = np.array([1, 2, 4, 8, 16, 32, 64, 128, 256])
+    t = ideal8b.decode_step_time(batch, 0)
+    assert t[-1] / t[0] < 1.01  # below the ridge, more sequences are nearly free
+    big = ideal8b.decode_step_time(np.array([600, 1200]), 0)
+    assert big[1] / big[0] == pytest.approx(2.0, rel=0.02)  # past the ridge, linear in batch
+
+
+def test_breakdown_parts_add_up(cost8b):
+    b = cost8b.step_breakdown(prefill_chunks=[(512, 1024)], decode_contexts=[2048] * 64)
+    assert b.total_s == pytest.approx(b.gemm_s + b.attn_s + b.comm_s + b.overhead_s)
+    assert b.comm_s == 0
+    assert b.bound in ("compute", "memory")
+    assert cost8b.step_breakdown(decode_contexts=[100]).bound == "memory"
+    assert cost8b.step_breakdown(prefill_chunks=[(8000, 0)]).bound == "compute"
+
+
+def test_mixed_step_matches_the_formula_by_hand(h100):
+    c = bl.CostModel(h100, bl.get_model("llama-3-8b"), eta_compute=0.5, eta_memory=0.7, eta_attn=0.4,
+                     overhead_s=2e-3)
+    m = c.model
+    chunks, ctx = [(300, 700), (50, 0)], [1000, 3000, 20]
+    T = 350 + 3
+    L, d, k = m.layers, m.heads * m.head_dim, m.kv_bytes_per_token("bf16")
+    F, BW = 989.4e12, 3.35e12
+    gemm = max(2 * m.params * T / (0.5 * F), 2 * m.params / (0.7 * BW))
+    f_attn = 2 * L * d * (300 * (2 * 700 + 300) + 50 * 50) + 4 * L * d * sum(ctx)
+    b_kv = k * (700 + 0 + sum(ctx) + T)
+    attn = max(f_attn / (0.4 * F), b_kv / (0.7 * BW))
+    assert c.step_time(chunks, ctx) == pytest.approx(gemm + attn + 2e-3, rel=1e-12)
+
+
+def test_tensor_parallel_divides_work_and_adds_allreduce(h100):
+    m = bl.get_model("llama-3-70b")
+    one = bl.CostModel(h100, m, dtype="fp8").ideal()
+    four = bl.CostModel(h100, m, dtype="fp8", tp=4).ideal()
+    b1, b4 = one.step_breakdown(decode_contexts=[0] * 8), four.step_breakdown(decode_contexts=[0] * 8)
+    assert b4.gemm_s == pytest.approx(b1.gemm_s / 4, rel=1e-9)
+    expected_comm = 8 * 2 * m.layers * 2 * 3 / 4 * m.d_model * 2 / h100.interconnect_bytes_per_s
+    assert b4.comm_s == pytest.approx(expected_comm, rel=1e-9)
+    assert four.kv_pool_blocks() > 4 * one.kv_pool_blocks()  # weights shrink per GPU, so the pool grows
+
+
+def test_kv_pool_size(cost8b, h100):
+    k = 2 * 32 * 8 * 128 * 2
+    expected = math.floor((0.9 * h100.hbm_bytes - 2 * 8030261248) / (16 * k))
+    assert cost8b.kv_pool_blocks() == expected
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(dtype="fp16"), "dtype"), (dict(kv_dtype="int4"), "kv_dtype"), (dict(tp=0), "tp"), (dict(tp=16), "tp"),
+    (dict(eta_compute=0), "eta_compute"), (dict(eta_memory=1.5), "eta_memory"), (dict(overhead_s=-1), "overhead_s"),
+    (dict(overhead_s=math.nan), "overhead_s"),
+])
+def test_bad_cost_model_fields(h100, kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        bl.CostModel(h100, bl.get_model("llama-3-8b"), **kwargs)
+
+
+def test_unknown_presets():
+    with pytest.raises(ValueError, match="hardware must be one of"):
+        bl.get_hardware("b200")
+    with pytest.raises(ValueError, match="model must be one of"):
+        bl.get_model("gpt-5")
+
+
+def test_bad_step_arguments(cost8b):
+    with pytest.raises(ValueError, match="at least one"):
+        cost8b.step_time()
+    with pytest.raises(ValueError, match="new_tokens"):
+        cost8b.step_time(prefill_chunks=[(0, 5)])
+    with pytest.raises(ValueError, match="batch"):
+        cost8b.decode_step_time(0, 10)
+    with pytest.raises(ValueError, match="context"):
+        cost8b.knee(-1)
+
+
+def test_vllm_defaults_depend_on_the_gpu_not_the_model():
+    assert bl.vllm_defaults(bl.get_hardware("h100-sxm")) == {"max_num_seqs": 1024, "max_num_batched_tokens": 8192}
+    assert bl.vllm_defaults(bl.get_hardware("h100-sxm"), "offline")["max_num_batched_tokens"] == 16384
+    assert bl.vllm_defaults(bl.get_hardware("h200"))["max_num_seqs"] == 1024
+    assert bl.vllm_defaults(bl.get_hardware("a100-80gb")) == {"max_num_seqs": 256, "max_num_batched_tokens": 2048}

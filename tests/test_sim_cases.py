@@ -1,0 +1,123 @@
+"""Hand-worked scheduling cases whose answer can be stated in a sentence."""
+import numpy as np
+import pytest
+
+import batchlab as bl
+
+
+def test_static_with_equal_lengths_has_no_padding(cost8b):
+    r = bl.Requests(np.zeros(12), [500] * 12, [100] * 12)
+    s = bl.simulate(r, "static", cost8b, batch_size=4).summary()
+    assert s["padding_fraction"] == 0.0
+    r2 = bl.Requests(np.zeros(12), [500] * 12, [100, 300] * 6)
+    assert bl.simulate(r2, "static", cost8b, batch_size=4).summary()["padding_fraction"] > 0
+
+
+def test_static_one_long_output_holds_five_short_ones_hostage(cost8b):
+    r = bl.Requests(np.zeros(6), [100] * 6, [2000] + [100] * 5)
+    res = bl.simulate(r, "static", cost8b, batch_size=6)
+    steps, df = res.steps, res.requests
+    assert len(steps) == 1 + 1999  # one prefill, then decode until the longest output ends
+    assert (steps.running == 6).all()  # all six slots stay occupied to the end
+    assert df.release_s.nunique() == 1 and df.release_s.iloc[0] == df.finish_s.iloc[0]
+    ends = (steps.start_s + steps.duration_s).to_numpy()
+    np.testing.assert_allclose(df.finish_s.iloc[1:], ends[99])  # short ones are done at step 100 ...
+    assert (df.release_s.iloc[1:] == df.finish_s.iloc[0]).all()  # ... but held until the long one ends
+    assert (df.release_s.iloc[1:] > 10 * df.finish_s.iloc[1:]).all()
+    # padding: 5 rows x 1900 tail tokens out of 6 x (100 + 2000 - 1) slots
+    assert res.summary()["padding_fraction"] == pytest.approx(5 * 1900 / (6 * 2099))
+
+
+def test_dynamic_dispatches_on_the_timer_at_low_load(cost8b):
+    r = bl.Requests([0.0, 1.0], [10, 10], [5, 5])
+    res = bl.simulate(r, "dynamic", cost8b, batch_size=8, max_queue_delay_s=0.02)
+    np.testing.assert_allclose(res.requests.scheduled_s, [0.02, 1.02])
+    static = bl.simulate(r, "static", cost8b, batch_size=8)
+    np.testing.assert_allclose(static.requests.scheduled_s, [1.0, 1.0])  # waits for the stream to end
+
+
+def _decoders_then_big_prompt(n_dec=4, big=8000, at=0.5):
+    arrival = [0.0] * n_dec + [at]
+    return bl.Requests(arrival, [100] * n_dec + [big], [400] * n_dec + [10])
+
+
+def test_chunked_never_leaves_a_decode_out_of_a_prefill_step(cost8b):
+    r = _decoders_then_big_prompt()
+    res = bl.simulate(r, "chunked", cost8b, max_num_batched_tokens=512, record_schedule=True)
+    sched = res.schedule
+    chunk_steps = sched[(sched.request == 4) & (sched.kind == "prefill")].step.unique()
+    assert len(chunk_steps) == int(np.ceil(8000 / 508))  # 4 decodes + 508 prompt tokens per step
+    for s in chunk_steps:
+        rows = sched[sched.step == s]
+        assert set(rows[rows.kind == "decode"].request) == {0, 1, 2, 3}
+        assert rows.tokens.sum() <= 512
+
+
+def test_orca_step_that_admits_a_long_prompt_lasts_the_whole_prefill(cost8b):
+    r = _decoders_then_big_prompt()
+    res = bl.simulate(r, "continuous", cost8b, record_schedule=True)
+    sched, steps = res.schedule, res.steps
+    s = sched[(sched.request == 4) & (sched.kind == "prefill")].step.item()
+    ctx = sched[(sched.step == s) & (sched.kind == "decode")]
+    assert len(ctx) == 4
+    assert steps.duration_s[s] >= cost8b.prefill_time(8000)
+    # The decoders' inter-token gap across that step is the whole step.
+    gaps = np.diff(res.token_times[0])
+    assert gaps.max() == pytest.approx(steps.duration_s[s])
+    # vLLM V0 order: that step runs prefill only, then decoders resume.
+    v0 = bl.simulate(r, "continuous", cost8b, prefill_only_steps=True, record_schedule=True)
+    s0 = v0.schedule
+    k = s0[(s0.request == 4) & (s0.kind == "prefill")].step.item()
+    assert set(s0[s0.step == k].request) == {4}
+    assert v0.steps.duration_s[k] == pytest.approx(cost8b.prefill_time(8000))
+
+
+def test_a_step_that_preempts_admits_nobody(cost8b):
+    # Two requests grow until the pool is full; a third waits. The preempting step must not admit it.
+    r = bl.Requests([0.0, 0.0, 0.001], [16, 16, 4], [40, 40, 4])
+    res = bl.simulate(r, "chunked", cost8b, block_size=4, num_kv_blocks=20, max_num_batched_tokens=64,
+                      record_schedule=True)
+    sched = res.schedule
+    pre_steps = sched[sched.kind == "preempt"].step.unique()
+    assert len(pre_steps) > 0
+    first_seen = sched[sched.kind != "preempt"].groupby("request").step.min()
+    for s in pre_steps:
+        assert s not in set(first_seen.values), "a request was admitted in a step that preempted"
+    assert res.summary()["completed"] == 3
+
+
+def test_preempted_request_recomputes_prompt_and_output(cost8b):
+    r = bl.Requests([0.0, 0.0], [16, 16], [40, 40])
+    res = bl.simulate(r, "chunked", cost8b, block_size=4, num_kv_blocks=20, max_num_batched_tokens=64,
+                      record_schedule=True)
+    df = res.requests
+    victim = df.preemptions.idxmax()
+    assert df.preemptions[victim] >= 1
+    assert df.recomputed_tokens[victim] > df.prompt_tokens[victim]  # the prompt plus tokens it had produced
+    sched = res.schedule
+    resumed = sched[(sched.request == victim) & (sched.kind == "prefill")].tokens.iloc[-1]
+    assert resumed > 16
+
+
+def test_chunking_disabled_lets_a_shorter_request_pass_a_long_one(cost8b):
+    # vLLM V1: a waiting request that does not fit the budget left is set aside, keeping its place at the
+    # front, and the ones behind it are tried.
+    r = bl.Requests([0, 0, 0, 0, 0.001], [60, 60, 30, 60, 50], [5] * 5)
+    res = bl.simulate(r, "chunked", cost8b, max_num_batched_tokens=100, enable_chunked_prefill=False,
+                      record_schedule=True)
+    sched = res.schedule
+    first_step = sched[sched.kind == "prefill"].groupby("request").step.min()
+    assert first_step[0] == first_step[2] == 0  # A and C in step 0; B (60 > 40 left) set aside
+    assert first_step[1] == 1  # B keeps its place ahead of the newcomer E ...
+    assert first_step[4] > first_step[1]  # ... so E (50 > 38 left) waits
+
+
+def test_rejections_are_recorded_with_a_reason(cost8b):
+    r = bl.Requests([0, 0, 0], [100, 5000, 100], [10, 10, 10])
+    res = bl.simulate(r, "continuous", cost8b, max_num_batched_tokens=4096)
+    df = res.requests
+    assert df.rejected.tolist() == [False, True, False]
+    assert "max_num_batched_tokens=4096" in df.reject_reason[1]
+    tiny = bl.simulate(r, "chunked", cost8b, num_kv_blocks=10)
+    assert "KV blocks" in tiny.requests.reject_reason[1]
+    assert tiny.requests.rejected.tolist() == [False, True, False]
