@@ -6,11 +6,13 @@ from .result import SimResult
 from .sim import POLICIES, simulate, vllm_defaults
 from .workload import (Requests, arrivals_gamma, arrivals_poisson, fixed, from_frame, lengths_empirical,
                        lengths_lognormal, lengths_uniform, read_trace, synthetic)
+from .datasets import replay
 
 __all__ = [
     "CostModel", "StepBreakdown", "Hardware", "get_hardware", "hardware_names", "ModelSpec", "get_model",
     "model_names", "SimResult", "POLICIES", "simulate", "vllm_defaults", "Requests", "arrivals_gamma",
     "arrivals_poisson", "fixed", "from_frame", "lengths_empirical", "lengths_lognormal", "lengths_uniform",
     "read_trace", "synthetic",
+    "replay",
 ]
 __version__ = "0.1.0"
