@@ -6,6 +6,7 @@ from .result import SimResult
 from .sim import POLICIES, simulate, vllm_defaults
 from .workload import (Requests, arrivals_gamma, arrivals_poisson, fixed, from_frame, lengths_empirical,
                        lengths_lognormal, lengths_uniform, read_trace, synthetic)
+from .workload import preset, preset_names, trace_stats
 from .datasets import replay
 
 __all__ = [
@@ -13,6 +14,6 @@ __all__ = [
     "model_names", "SimResult", "POLICIES", "simulate", "vllm_defaults", "Requests", "arrivals_gamma",
     "arrivals_poisson", "fixed", "from_frame", "lengths_empirical", "lengths_lognormal", "lengths_uniform",
     "read_trace", "synthetic",
-    "replay",
+    "preset", "preset_names", "trace_stats", "replay",
 ]
 __version__ = "0.1.0"

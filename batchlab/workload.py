@@ -9,9 +9,12 @@ import json
 import math
 from pathlib import Path
 import dataclasses
+from functools import lru_cache
 
 import numpy as np
 import pandas as pd
+
+from ._data import DATA_DIR
 
 
 def _rng(seed) -> np.random.Generator:
@@ -236,3 +239,93 @@ def read_trace(path, arrival: str, prompt: str, output: str, time_unit: str = "s
     else:
         raise ValueError(f"trace files must end in .csv or .jsonl, got {path.name!r}")
     return from_frame(df, arrival, prompt, output, time_unit)
+
+
+# -- presets from real traces ---------------------------------------------------------------------
+
+_PRESET_FILE = "workload_quantiles.csv"  # written by scripts/make_workload_quantiles.py; layout in data/README.md
+
+
+@lru_cache(maxsize=None)
+def _preset_table() -> pd.DataFrame:
+    return pd.read_csv(DATA_DIR / _PRESET_FILE).set_index("preset")
+
+
+def preset_names() -> list[str]:
+    """Names accepted by :func:`preset` and :func:`trace_stats`."""
+    return list(_preset_table().index)
+
+
+def _preset_row(name: str) -> pd.Series:
+    table = _preset_table()
+    if name not in table.index:
+        raise ValueError(f"preset must be one of {list(table.index)}, got {name!r}")
+    return table.loc[name]
+
+
+def _preset_quantiles(row: pd.Series, column: str) -> np.ndarray:
+    return row[[f"{column}_p{p}" for p in range(101)]].to_numpy(dtype=np.float64)
+
+
+def trace_stats(name: str) -> dict:
+    """Summary of the real trace behind preset ``name``, for prose to quote.
+
+    Returns
+    -------
+    dict
+        ``preset``, ``n`` (requests in the trace), ``rate_req_per_s`` and ``interarrival_cv`` (NaN where the trace
+        has no timestamps), ``arrivals`` ("trace", "synthetic-poisson" or "none"), ``prompt_tokens_mean``,
+        ``prompt_tokens_median``, ``prompt_tokens_p90``, the same three for ``output_tokens``, and ``source``
+        ("repo @ commit, path") and ``licence``.
+    """
+    row = _preset_row(name)
+    out = {"preset": name, "n": int(row["n"]), "rate_req_per_s": float(row["rate_req_per_s"]),
+           "interarrival_cv": float(row["interarrival_cv"]), "arrivals": str(row["arrivals"])}
+    for col in ("prompt_tokens", "output_tokens"):
+        out[f"{col}_mean"] = float(row[f"{col}_mean"])
+        out[f"{col}_median"] = float(row[f"{col}_p50"])
+        out[f"{col}_p90"] = float(row[f"{col}_p90"])
+    out["source"] = f"{row['source_repo']} @ {row['source_commit']}, {row['source_path']}"
+    out["licence"] = str(row["licence"])
+    return out
+
+
+def preset(name: str, n: int, rate: float | None = None, seed=0) -> Requests:
+    """``n`` requests shaped like the real trace ``name``.
+
+    Prompt and output lengths are drawn independently, each by inverse CDF from the trace's 101 length quantiles
+    (linear between them, see :func:`lengths_empirical`); the pairing of a prompt with its output in the trace is
+    not kept. Arrivals are a gamma renewal process with the trace's inter-arrival CV (see :func:`arrivals_gamma`).
+
+    Parameters
+    ----------
+    name : str
+        One of :func:`preset_names`: ``azure-code-2023``, ``azure-conv-2023``, ``mooncake-conversation``,
+        ``sharegpt`` (its arrivals were synthetic Poisson at 10 req/s), ``arxiv-summarization`` (no timestamps).
+    n : int
+        Requests.
+    rate : float, optional
+        Mean arrival rate in requests/s (inf = everything at time 0). Defaults to the trace's own rate; required
+        for ``arxiv-summarization``, whose arrivals are then Poisson (CV 1).
+    seed : int or numpy.random.Generator
+
+    Raises
+    ------
+    ValueError
+        Unknown ``name``; bad ``n``, ``rate`` or ``seed``; ``rate`` missing for a trace without timestamps.
+    """
+    row = _preset_row(name)
+    _check_count(n)
+    trace_rate, cv = float(row["rate_req_per_s"]), float(row["interarrival_cv"])
+    if rate is None:
+        if not math.isfinite(trace_rate):
+            raise ValueError(f"preset {name!r} comes from a trace without timestamps, so it has no arrival rate: "
+                             f"pass rate= (requests/s)")
+        rate = trace_rate
+    if not math.isfinite(cv):
+        cv = 1.0  # no timestamps to measure burstiness from: Poisson
+    rng = _rng(seed)
+    prompt = lengths_empirical(n, _preset_quantiles(row, "prompt_tokens"), rng)
+    output = lengths_empirical(n, _preset_quantiles(row, "output_tokens"), rng)
+    arrival = arrivals_gamma(n, rate, cv, rng)
+    return Requests(arrival, prompt, output)
