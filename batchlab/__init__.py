@@ -4,6 +4,7 @@ from .hardware import Hardware, get_hardware, hardware_names
 from .models import ModelSpec, get_model, model_names
 from .result import SimResult
 from .sim import POLICIES, simulate, vllm_defaults
+from .sweep import expand_grid, is_dominated, pareto_front, sweep
 from .workload import (Requests, arrivals_gamma, arrivals_poisson, fixed, from_frame, lengths_empirical,
                        lengths_lognormal, lengths_uniform, read_trace, synthetic)
 from .workload import preset, preset_names, trace_stats
