@@ -21,14 +21,20 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
+from ._data import DATA_DIR, read_presets
 from .hardware import DTYPES, Hardware
 from .models import BYTES_PER_ELEMENT, ModelSpec
 from .sim import N_COEF, _step_cost
 
 ACTIVATION_BYTES = 2  # activations travel between GPUs in BF16
 
-# Starting values of DESIGN section 3 until ``data/calibration.csv`` supplies fitted ones.
-DEFAULT_EFFICIENCY = {"eta_compute": 0.6, "eta_memory": 0.8, "eta_attn": 0.5, "overhead_s": 1e-3}
+# Fitted on measured H100 timings by ``python -m batchlab.calibrate`` (data/calibration.csv, data/README.md).
+# Only if that file is absent do DESIGN section 3's starting values apply: they are guesses, not measurements.
+DEFAULT_EFFICIENCY = (
+    {k: float(read_presets("calibration.csv")[k]["value"]) for k in ("eta_compute", "eta_memory", "eta_attn", "overhead_s")}
+    if (DATA_DIR / "calibration.csv").is_file()
+    else {"eta_compute": 0.6, "eta_memory": 0.8, "eta_attn": 0.5, "overhead_s": 1e-3}
+)
 
 
 class StepBreakdown(NamedTuple):
