@@ -30,10 +30,13 @@ ACTIVATION_BYTES = 2  # activations travel between GPUs in BF16
 
 # Fitted on measured H100 timings by ``python -m batchlab.calibrate`` (data/calibration.csv, data/README.md).
 # Only if that file is absent do DESIGN section 3's starting values apply: they are guesses, not measurements.
+_FITTED = ("eta_compute", "eta_memory", "eta_attn", "overhead_s", "allreduce_latency_s", "eta_compute_fp8",
+           "eta_memory_fp8")
 DEFAULT_EFFICIENCY = (
-    {k: float(read_presets("calibration.csv")[k]["value"]) for k in ("eta_compute", "eta_memory", "eta_attn", "overhead_s")}
+    {k: float(read_presets("calibration.csv")[k]["value"]) for k in _FITTED}
     if (DATA_DIR / "calibration.csv").is_file()
-    else {"eta_compute": 0.6, "eta_memory": 0.8, "eta_attn": 0.5, "overhead_s": 1e-3}
+    else {"eta_compute": 0.6, "eta_memory": 0.8, "eta_attn": 0.5, "overhead_s": 1e-3, "allreduce_latency_s": 0.0,
+          "eta_compute_fp8": 0.6, "eta_memory_fp8": 0.8}
 )
 
 
@@ -64,8 +67,10 @@ class CostModel:
         Tensor-parallel degree (1 to 8).
     kv_dtype : {"bf16", "fp8"}
         Storage type of the KV cache (vLLM's ``kv_cache_dtype``; its "auto" keeps BF16).
-    eta_compute, eta_memory, eta_attn : float
+    eta_compute, eta_memory, eta_attn : float, optional
         Achieved fraction of peak FLOP/s in GEMMs, of HBM bandwidth, and of peak FLOP/s in attention.
+        Default: the fitted values of ``data/calibration.csv`` (FP8 GEMMs have their own eta_compute and
+        eta_memory there, used when ``dtype="fp8"``).
     overhead_s : float
         Seconds added to every iteration (scheduling, kernel launches, sampling).
     allreduce_latency_s : float
@@ -77,13 +82,17 @@ class CostModel:
     dtype: str = "bf16"
     tp: int = 1
     kv_dtype: str = "bf16"
-    eta_compute: float = DEFAULT_EFFICIENCY["eta_compute"]
-    eta_memory: float = DEFAULT_EFFICIENCY["eta_memory"]
+    eta_compute: float = None
+    eta_memory: float = None
     eta_attn: float = DEFAULT_EFFICIENCY["eta_attn"]
     overhead_s: float = DEFAULT_EFFICIENCY["overhead_s"]
-    allreduce_latency_s: float = 0.0
+    allreduce_latency_s: float = DEFAULT_EFFICIENCY["allreduce_latency_s"]
 
     def __post_init__(self):
+        suffix = "_fp8" if self.dtype == "fp8" else ""
+        for field in ("eta_compute", "eta_memory"):
+            if getattr(self, field) is None:
+                object.__setattr__(self, field, DEFAULT_EFFICIENCY.get(field + suffix, DEFAULT_EFFICIENCY[field]))
         if not isinstance(self.hardware, Hardware):
             raise ValueError("hardware must be a Hardware (see batchlab.get_hardware)")
         if not isinstance(self.model, ModelSpec):

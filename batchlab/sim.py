@@ -180,6 +180,18 @@ def _run_batched(arrival, prompt, output, live, tok_off, coef, batch_size, max_q
     return steps[:n_steps], sched[:n_sched]
 
 
+# Columns of the running table: one row per running request, in admission order, so every pass over the
+# running set walks contiguous memory (the per-request arrays are too large to stay in cache).
+_REQ, _PROMPT, _EMIT, _COMP, _OUT, _BLOCKS, _TOK, _TOKPOS = range(8)
+_NCOL = 8
+
+
+@njit(cache=True)
+def _is_decode(run, k):
+    """Row ``k`` needs one token on top of everything it knows: a decode, not a prompt chunk."""
+    return run[k, _EMIT] > 0 and run[k, _COMP] == run[k, _PROMPT] + run[k, _EMIT] - 1
+
+
 @njit(cache=True)
 def _run_iterations(arrival, prompt, output, live, tok_off, coef, chunked, max_num_seqs, budget, threshold,
                     enable_chunking, prefill_only_steps, usable_blocks, block_size, record,
@@ -187,23 +199,25 @@ def _run_iterations(arrival, prompt, output, live, tok_off, coef, chunked, max_n
                     out_recomputed, tok_times):
     """Iteration-level policies: Orca-style ``continuous`` and vLLM V1 ``chunked``.
 
-    ``budget`` <= 0 means no token budget (continuous only).
+    ``budget`` <= 0 means no token budget (continuous only). The requests scheduled in an iteration are
+    always a contiguous range of the running table: V1 schedules running requests in order until the
+    budget or the pool runs out (then admits nobody), and appends admitted ones at the end.
     """
     n = arrival.shape[0]
     n_live = live.shape[0]
-    computed = np.zeros(n, np.int64)  # tokens whose KV is in the cache
-    high_water = np.zeros(n, np.int64)  # most tokens ever computed (anything below is recomputation)
-    emitted = np.zeros(n, np.int64)
-    blocks = np.zeros(n, np.int64)
-    running = np.empty(n, np.int64)
+    emitted = np.zeros(n, np.int64)  # tokens produced so far (kept across preemption)
+    # Work lost to preemption: each preemption throws away the tokens computed so far, and a request that
+    # completes has computed every position once more than it lost, so recomputed = lost.
+    lost = np.zeros(n, np.int64)
+    high_water = np.zeros(n, np.int64)  # most tokens ever computed (for requests rejected after preemption)
+    run = np.zeros((min(n, max_num_seqs) + 1, _NCOL), np.int64)
     n_running = 0
     # Waiting queue: a ring buffer, since preempted requests go back to its front.
     wait = np.empty(n, np.int64)
     w_head = 0
     w_len = 0
-    step_req = np.empty(n, np.int64)
-    step_tok = np.empty(n, np.int64)
     skipped = np.empty(n, np.int64)
+    victims = np.empty(n, np.int64)
     steps = np.empty((1024, 9))
     sched = np.empty((1024 if record else 1, 4), np.int64)
     n_steps = 0
@@ -220,54 +234,66 @@ def _run_iterations(arrival, prompt, output, live, tok_off, coef, chunked, max_n
         if n_running == 0 and w_len == 0:
             now = arrival[live[nxt]]
             continue
-        n_step = 0
+        lo = 0  # scheduled rows of the running table: [lo, hi)
+        hi = 0
         left = budget
         preempted = False
+        n_victims = 0
+        # Aggregates of the iteration for the cost model, summed as rows are scheduled.
+        new_tokens = 0
+        attn_work = 0.0
+        cached = 0
+        prefill_tokens = 0
+        decode_seqs = 0
         if chunked:
             # 1. Running requests, in admission order.
-            i = 0
-            while i < n_running and left > 0:
-                r = running[i]
-                want = prompt[r] + emitted[r] - computed[r]
+            while hi < n_running and left > 0:
+                want = run[hi, _PROMPT] + run[hi, _EMIT] - run[hi, _COMP]
                 if threshold > 0 and want > threshold:
                     want = threshold
                 if want > left:
                     want = left
-                need = _blocks_for(computed[r] + want, block_size) - blocks[r]
+                need = 0
+                if run[hi, _COMP] + want > run[hi, _BLOCKS] * block_size:  # skips a division on most steps
+                    need = _blocks_for(run[hi, _COMP] + want, block_size) - run[hi, _BLOCKS]
                 scheduled = True
                 while need > free_blocks:
                     # Preempt the last running request: free everything, restart from zero, front of queue.
-                    victim = running[n_running - 1]
+                    v = n_running - 1
+                    victim = run[v, _REQ]
+                    emitted[victim] = run[v, _EMIT]
+                    lost[victim] += run[v, _COMP]
+                    high_water[victim] = max(high_water[victim], run[v, _COMP])
+                    free_blocks += run[v, _BLOCKS]
                     n_running -= 1
-                    free_blocks += blocks[victim]
-                    blocks[victim] = 0
-                    computed[victim] = 0
                     out_preempt[victim] += 1
                     w_head = (w_head - 1) % n
                     wait[w_head] = victim
                     w_len += 1
                     preempted = True
-                    if record:
-                        sched = _record_sched(sched, n_sched, n_steps, victim, 0, KIND_PREEMPT)
-                        n_sched += 1
-                    if victim == r:
+                    victims[n_victims] = victim
+                    n_victims += 1
+                    if v == hi:
                         scheduled = False
                         break
                 if not scheduled:
                     break
                 free_blocks -= need
-                blocks[r] += need
-                step_req[n_step] = r
-                step_tok[n_step] = want
-                n_step += 1
+                run[hi, _BLOCKS] += need
+                run[hi, _TOK] = want
                 left -= want
-                i += 1
+                hi += 1
+            if record:
+                # Recorded after the pass: reassigning an array inside the hot loop costs refcounting.
+                for k in range(n_victims):
+                    sched = _record_sched(sched, n_sched, n_steps, victims[k], 0, KIND_PREEMPT)
+                    n_sched += 1
             # 2. Waiting requests, oldest first, only if nobody was preempted in this iteration.
             if not preempted:
                 n_skip = 0
                 while w_len > 0 and left > 0 and n_running < max_num_seqs:
                     r = wait[w_head]
-                    want = prompt[r] + emitted[r] - computed[r]
+                    want = prompt[r] + emitted[r]
                     if threshold > 0 and want > threshold:
                         want = threshold
                     if not enable_chunking and want > left:
@@ -284,26 +310,36 @@ def _run_iterations(arrival, prompt, output, live, tok_off, coef, chunked, max_n
                         continue
                     if want > left:
                         want = left
-                    need = _blocks_for(computed[r] + want, block_size) - blocks[r]
+                    need = _blocks_for(want, block_size)
                     if need > free_blocks:
                         break
                     w_head = (w_head + 1) % n
                     w_len -= 1
                     free_blocks -= need
-                    blocks[r] += need
-                    running[n_running] = r
+                    if out_sched[r] != out_sched[r]:  # NaN: first time scheduled
+                        out_sched[r] = now
+                    _admit(run, n_running, r, prompt, output, emitted, tok_off, need, want)
                     n_running += 1
-                    step_req[n_step] = r
-                    step_tok[n_step] = want
-                    n_step += 1
+                    hi = n_running
                     left -= want
                 for k in range(n_skip - 1, -1, -1):
                     w_head = (w_head - 1) % n
                     wait[w_head] = skipped[k]
                     w_len += 1
+            for k in range(hi):
+                c = run[k, _TOK]
+                p = run[k, _COMP]
+                cached += p
+                if _is_decode(run, k):
+                    attn_work += 2.0 * p
+                    decode_seqs += 1
+                else:
+                    attn_work += c * (2.0 * p + c)
+                    prefill_tokens += c
+            new_tokens = decode_seqs + prefill_tokens
         else:
             # Orca: whole prompts join, KV for prompt + output reserved up front; no preemption.
-            n_new = 0
+            first_new = n_running
             prompt_sum = 0
             while w_len > 0 and n_running < max_num_seqs:
                 r = wait[w_head]
@@ -313,89 +349,92 @@ def _run_iterations(arrival, prompt, output, live, tok_off, coef, chunked, max_n
                 w_head = (w_head + 1) % n
                 w_len -= 1
                 free_blocks -= need
-                blocks[r] = need
                 prompt_sum += prompt[r]
-                running[n_running] = r
+                out_sched[r] = now
+                _admit(run, n_running, r, prompt, output, emitted, tok_off, need, prompt[r])
                 n_running += 1
-                n_new += 1
-            first_new = n_running - n_new
-            lo = first_new if (prefill_only_steps and n_new > 0) else 0
-            for i in range(lo, n_running):
-                r = running[i]
-                step_req[n_step] = r
-                step_tok[n_step] = prompt[r] if i >= first_new else 1
-                n_step += 1
-        if n_step == 0:
+            lo = first_new if (prefill_only_steps and n_running > first_new) else 0
+            hi = n_running
+            for k in range(lo, hi):
+                if k < first_new:
+                    run[k, _TOK] = 1
+                    p = run[k, _COMP]
+                    cached += p
+                    attn_work += 2.0 * p
+                    decode_seqs += 1
+                else:
+                    c = run[k, _TOK]
+                    attn_work += c * float(c)
+                    prefill_tokens += c
+            new_tokens = decode_seqs + prefill_tokens
+        if hi == lo:
             # Only possible when every waiting request was just rejected; anything else is a bug.
             if finished == n_live or (n_running == 0 and w_len == 0):
                 continue
             return STATUS_STUCK, steps[:n_steps], sched[:n_sched]
-        # Cost of the iteration from its aggregates.
-        new_tokens = 0.0
-        attn_work = 0.0
-        cached = 0.0
-        prefill_tokens = 0
-        decode_seqs = 0
-        for k in range(n_step):
-            r = step_req[k]
-            c = step_tok[k]
-            p = computed[r]
-            new_tokens += c
-            cached += p
-            if c == 1 and emitted[r] > 0 and p == prompt[r] + emitted[r] - 1:
-                attn_work += 2.0 * p
-                decode_seqs += 1
-            else:
-                attn_work += c * (2.0 * p + c)
-                prefill_tokens += c
-            if out_sched[r] != out_sched[r]:  # NaN: first time scheduled
-                out_sched[r] = now
         dur, _g, _a, _c, flops, nbytes, bound = _step_cost(coef, new_tokens, attn_work, cached)
         steps = _record_step(steps, n_steps, now, dur, prefill_tokens, decode_seqs, n_running,
                              usable_blocks - free_blocks, bound, flops, nbytes)
         if record:
-            for k in range(n_step):
-                r = step_req[k]
-                is_decode = step_tok[k] == 1 and emitted[r] > 0 and computed[r] == prompt[r] + emitted[r] - 1
-                sched = _record_sched(sched, n_sched, n_steps, r, step_tok[k],
-                                      KIND_DECODE if is_decode else KIND_PREFILL)
+            for k in range(lo, hi):
+                sched = _record_sched(sched, n_sched, n_steps, run[k, _REQ], run[k, _TOK],
+                                      KIND_DECODE if _is_decode(run, k) else KIND_PREFILL)
                 n_sched += 1
         n_steps += 1
         now += dur
         # Emit: a request that has computed every token it knows samples the next one.
-        any_done = False
-        for k in range(n_step):
-            r = step_req[k]
-            c = step_tok[k]
-            lo = computed[r]
-            computed[r] = lo + c
-            out_computed[r] += c
-            if lo < high_water[r]:
-                out_recomputed[r] += min(computed[r], high_water[r]) - lo
-            if computed[r] > high_water[r]:
-                high_water[r] = computed[r]
-            if computed[r] == prompt[r] + emitted[r]:
-                tok_times[tok_off[r] + emitted[r]] = now
-                emitted[r] += 1
-                if emitted[r] == 1:
-                    out_first[r] = now
-                if emitted[r] == output[r]:
+        first_done = -1
+        for k in range(lo, hi):
+            c1 = run[k, _COMP] + run[k, _TOK]
+            run[k, _COMP] = c1
+            if c1 == run[k, _PROMPT] + run[k, _EMIT]:
+                tok_times[run[k, _TOKPOS]] = now
+                run[k, _TOKPOS] += 1
+                run[k, _EMIT] += 1
+                if run[k, _EMIT] == 1:
+                    out_first[run[k, _REQ]] = now
+                if run[k, _EMIT] == run[k, _OUT]:
+                    r = run[k, _REQ]
                     out_finish[r] = now
                     out_release[r] = now
-                    any_done = True
-        if any_done:
-            j = 0
-            for i in range(n_running):
-                r = running[i]
-                if emitted[r] == output[r]:
-                    free_blocks += blocks[r]
-                    blocks[r] = 0
+                    if first_done < 0:
+                        first_done = k
+        if first_done >= 0:
+            # Finished requests leave; the others keep their order.
+            j = first_done
+            for i in range(first_done, n_running):
+                if run[i, _EMIT] == run[i, _OUT]:
+                    emitted[run[i, _REQ]] = run[i, _EMIT]
+                    free_blocks += run[i, _BLOCKS]
                     finished += 1
                 else:
-                    running[j] = r
+                    if j != i:
+                        for col in range(_NCOL):
+                            run[j, col] = run[i, col]
                     j += 1
             n_running = j
+    # Token accounting: a completed request computed prompt + output - 1 positions once, plus what it lost.
+    for r in live:
+        if out_reject[r] == 0:
+            out_recomputed[r] = lost[r]
+            out_computed[r] = prompt[r] + output[r] - 1 + lost[r]
+        else:
+            out_recomputed[r] = lost[r] - high_water[r]
+            out_computed[r] = lost[r]
     return STATUS_OK, steps[:n_steps], sched[:n_sched]
+
+
+@njit(cache=True)
+def _admit(run, i, r, prompt, output, emitted, tok_off, blocks, tokens):
+    """Fill row ``i`` of the running table with request ``r`` (nothing computed yet)."""
+    run[i, _REQ] = r
+    run[i, _PROMPT] = prompt[r]
+    run[i, _EMIT] = emitted[r]
+    run[i, _COMP] = 0
+    run[i, _OUT] = output[r]
+    run[i, _BLOCKS] = blocks
+    run[i, _TOK] = tokens
+    run[i, _TOKPOS] = tok_off[r] + emitted[r]
 
 
 @njit(cache=True)
