@@ -1,0 +1,391 @@
+"""Charts for the book: one Altair theme, an offline renderer, tidy-frame helpers and one builder per figure.
+
+Importing this module registers and enables the Altair theme ``batchlab`` and the renderer ``batchlab``.
+
+The renderer never loads anything from another host. It emits a ``<div id="batchlab-chart-N">`` and a short
+script that hands the spec to ``vegaEmbed``; N counts the charts a kernel has shown, so a notebook run from
+the top always produces the same ids. The library itself (vega, vega-lite and vega-embed, about 0.9 MB, from
+``vl_convert.javascript_bundle``) comes from one of two places:
+
+* in the built book, ``book/_ext/vega_offline.py`` writes :func:`offline_bundle` into ``_static`` and loads it
+  on every page; it sets the environment variable ``BATCHLAB_BOOK=1``, which the kernels that execute the
+  notebooks inherit, and then charts carry no copy of the library;
+* in a live kernel (JupyterLab, VS Code, nbval), the first chart of the kernel carries the library inline
+  once, and every later chart of the page uses it.
+
+Charts drawn before the library has loaded wait in ``window.batchlabCharts`` and are drawn when it arrives.
+Outside the book build the mimebundle also holds the spec under the Vega-Lite mimetype, for front ends that
+draw it natively; the book uses ``text/html`` (``nb_mime_priority_overrides`` in ``_config.yml``).
+
+Builders take tidy DataFrames (one row per observation, SI units in column names: ``_s`` seconds) and
+return Altair charts. Axis titles are lowercase and carry units; builders set no chart titles (the caption
+belongs to the page). Interactivity that must work in the static book uses parameters bound to sliders over
+data precomputed on a grid (:func:`grid_param`), never a kernel.
+"""
+from __future__ import annotations
+
+import functools
+import itertools
+import json
+import os
+
+import altair as alt
+import numpy as np
+import pandas as pd
+
+THEME = "batchlab"
+CHART_ID_PREFIX = "batchlab-chart-"
+# Altair's own "application/vnd.vegalite.v6.json" is not a JSON mimetype to nbformat (no "+json"): a dict under
+# it makes the notebook invalid, so only the "+json" spelling is sent.
+VEGALITE_MIME = "application/vnd.vegalite.v6+json"
+BOOK_ENV = "BATCHLAB_BOOK"  # "1" while the book builds: its pages load the library themselves
+EMBED_OPTIONS = {"actions": False, "renderer": "svg", "mode": "vega-lite"}
+MAX_ROWS = 50_000  # data is inlined in the page; the ITL timelines are the largest tables
+
+# Okabe-Ito: distinguishable under the common colour-vision deficiencies.
+PALETTE = ["#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000"]
+PHASES = ("waiting", "prefill", "decode", "held")
+PHASE_COLORS = ("#d9d9d9", "#D55E00", "#0072B2", "#CC79A7")
+
+TITLES = {  # column -> axis title; lowercase, with units
+    "output_cv": "output-length coefficient of variation",
+    "batch": "batch size (sequences)",
+    "context": "context per sequence (tokens)",
+    "step_time_ms": "step time (ms)",
+    "time_s": "time (s)",
+    "start_s": "time (s)",
+    "running": "running sequences",
+    "itl_ms": "inter-token latency (ms)",
+    "output_throughput": "output throughput (tok/s)",
+    "total_token_throughput": "total throughput (tok/s)",
+    "request_throughput": "request throughput (req/s)",
+    "max_num_seqs": "max_num_seqs (sequences)",
+    "max_num_batched_tokens": "max_num_batched_tokens (tokens)",
+}
+
+
+def title(column: str) -> str:
+    """Axis title of a column: from :data:`TITLES`, else a vLLM summary name (``p99_ttft_ms`` -> "p99 ttft (ms)")."""
+    if column in TITLES:
+        return TITLES[column]
+    for suffix, unit in (("_ms", "ms"), ("_s", "s"), ("_tokens", "tokens")):
+        if column.endswith(suffix):
+            return f"{column[: -len(suffix)].replace('_', ' ')} ({unit})"
+    return column.replace("_", " ")
+
+
+# -- theme -------------------------------------------------------------------------------------------------
+@alt.theme.register(THEME, enable=True)
+def _theme() -> alt.theme.ThemeConfig:
+    axis = {"titleFontWeight": "normal", "titleFontSize": 12, "labelFontSize": 11, "gridColor": "#ececec",
+            "domainColor": "#888888", "tickColor": "#888888", "titleColor": "#333333"}
+    return {"config": {
+        "font": "system-ui, -apple-system, 'Segoe UI', Roboto, 'Helvetica Neue', Arial, sans-serif",
+        "view": {"continuousWidth": 420, "continuousHeight": 260, "stroke": None},
+        "axis": axis,
+        "legend": {"titleFontWeight": "normal", "titleFontSize": 12, "labelFontSize": 11},
+        "header": {"titleFontWeight": "normal", "labelFontSize": 12, "titleFontSize": 12},
+        "range": {"category": PALETTE},
+        "line": {"strokeWidth": 2},
+        "point": {"filled": True, "size": 36},
+    }}
+
+
+# -- offline renderer ----------------------------------------------------------------------------------------
+_BUNDLE_SNIPPET = """
+window.vegaEmbed = vegaEmbed; window.vega = vega; window.vegaLite = vegaLite;
+var waiting = window.batchlabCharts;
+window.batchlabCharts = {push: function (draw) { draw(); }};
+if (Array.isArray(waiting)) { waiting.forEach(function (draw) { draw(); }); }
+"""
+
+_DRAW = """(function () {
+  var el = document.currentScript && document.currentScript.previousElementSibling;
+  if (!el || el.id !== "%(id)s") { el = document.getElementById("%(id)s"); }
+  var spec = %(spec)s;
+  var draw = function () {
+    window.vegaEmbed(el, spec, %(opts)s).catch(function (err) { console.error("vega: " + err); });
+  };
+  var queue = window.batchlabCharts;
+  if (!queue && window.vegaEmbed) { draw(); } else { (window.batchlabCharts = queue || []).push(draw); }
+})();"""
+# currentScript: two notebooks open in one JupyterLab window can both hold a "batchlab-chart-1".
+
+_chart_ids = itertools.count(1)
+_library_sent = False
+
+
+@functools.lru_cache(maxsize=1)
+def offline_bundle() -> str:
+    """Vega, Vega-Lite and vega-embed as one classic script that defines ``window.vegaEmbed``.
+
+    vl-convert bundles them as an ES module with no imports; wrapping it in a strict function keeps its
+    top-level names out of the page's global scope, and a classic script (unlike a module) also loads from
+    ``file://`` when a reader opens the built book straight from disk. The script then draws every chart
+    queued in ``window.batchlabCharts``.
+    """
+    import vl_convert
+
+    js = vl_convert.javascript_bundle(_BUNDLE_SNIPPET)
+    return '(function () {\n"use strict";\n' + js.replace("</script", "<\\/script") + "\n})();\n"
+
+
+def _script_json(obj) -> str:
+    """JSON that is also safe inside an HTML <script> element."""
+    text = json.dumps(obj, separators=(",", ":"))
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def render(spec: dict, **metadata) -> dict:
+    """Altair renderer ``batchlab``: a div, a vegaEmbed call and, once per live kernel, the library.
+
+    Returns a mimebundle with ``text/html`` (what the book and JupyterLab show), ``text/plain`` and, outside
+    the book build, the spec under the Vega-Lite v6 mimetype for front ends that draw it natively.
+    """
+    global _library_sent
+    chart_id = f"{CHART_ID_PREFIX}{next(_chart_ids)}"
+    html = (f'<div id="{chart_id}" class="batchlab-chart"></div>\n<script type="text/javascript">'
+            + _DRAW % {"id": chart_id, "spec": _script_json(spec), "opts": _script_json(EMBED_OPTIONS)}
+            + "</script>")
+    if os.environ.get(BOOK_ENV) != "1" and not _library_sent:
+        _library_sent = True
+        html = f'<script type="text/javascript" data-batchlab-library="1">{offline_bundle()}</script>\n{html}'
+    bundle = {"text/html": html, "text/plain": f"<batchlab chart {chart_id}>"}
+    if os.environ.get(BOOK_ENV) != "1":  # myst-nb warns about (and cannot draw) the Vega-Lite mimetype
+        bundle[VEGALITE_MIME] = spec
+    return bundle
+
+
+alt.renderers.register(THEME, render)
+alt.renderers.enable(THEME)
+alt.data_transformers.enable("default", max_rows=MAX_ROWS)
+
+
+# -- grids behind sliders ----------------------------------------------------------------------------------
+def grid_param(name: str, values, label: str | None = None, field: str | None = None, value=None):
+    """A parameter bound to a slider over precomputed ``values``, and the filter that selects them.
+
+    Parameters
+    ----------
+    name : str
+        Parameter name (a JavaScript identifier).
+    values : array-like of float
+        The grid the data was computed on. Evenly spaced values get a range slider; others a select box.
+    label : str, optional
+        Text beside the control (defaults to ``name``).
+    field : str, optional
+        Column holding the grid value in the chart's data (defaults to ``name``).
+    value : float, optional
+        Initial value (defaults to the smallest).
+
+    Returns
+    -------
+    param : altair.Parameter
+        Add it with ``chart.add_params(param)``.
+    predicate : str
+        Vega expression true for rows at the selected grid value; use in ``transform_filter`` or ``alt.when``.
+    """
+    grid = np.unique(np.asarray(values, dtype=float))
+    gaps = np.diff(grid)
+    if grid.size > 1 and np.allclose(gaps, gaps[0]):
+        bind = alt.binding_range(min=float(grid[0]), max=float(grid[-1]), step=float(gaps[0]), name=label or name)
+    else:
+        bind = alt.binding_select(options=grid.tolist(), name=label or name)
+    tolerance = float(gaps.min() / 2) if grid.size > 1 else 0.5
+    param = alt.param(name=name, value=float(grid[0] if value is None else value), bind=bind)
+    return param, f"abs(datum['{field or name}'] - {name}) < {tolerance!r}"
+
+
+# -- tidy frames from a SimResult ---------------------------------------------------------------------------
+def gantt_frame(res, label: str | None = None) -> pd.DataFrame:
+    """One row per request and phase: ``request``, ``phase``, ``start_s``, ``end_s``, ``policy``.
+
+    Phases: waiting (arrival to first schedule), prefill (to the first token), decode (to the last token)
+    and held (a lockstep row that finished but keeps its slot until the batch ends). Rejected requests and
+    empty phases are left out. ``label`` names the run (default: its policy).
+    """
+    req = res.requests[~res.requests["rejected"]]
+    first = np.array([res.token_times[i][0] for i in req.index])  # emission time (s) of each first token
+    edges = [req["arrival_s"], req["scheduled_s"], first, req["finish_s"], req["release_s"]]
+    parts = [pd.DataFrame({"request": req.index, "phase": phase, "start_s": np.asarray(lo), "end_s": np.asarray(hi)})
+             for phase, lo, hi in zip(PHASES, edges[:-1], edges[1:])]
+    df = pd.concat(parts, ignore_index=True)
+    df = df[df["end_s"] > df["start_s"]].sort_values(["request", "start_s"], kind="stable")
+    return df.assign(policy=label or res.policy).reset_index(drop=True)
+
+
+def steps_frame(res, label: str | None = None) -> pd.DataFrame:
+    """``res.steps`` with ``step``, ``end_s``, ``step_time_ms`` and a ``policy`` column, for occupancy charts."""
+    df = res.steps.reset_index()
+    df["end_s"] = df["start_s"] + df["duration_s"]
+    df["step_time_ms"] = df["duration_s"] * 1e3
+    return df.assign(policy=label or res.policy)
+
+
+def itl_frame(res, requests=None) -> pd.DataFrame:
+    """Every inter-token gap: ``request``, ``token`` (index of the later token), ``time_s`` (its emission),
+    ``itl_ms``. ``requests`` picks some request indices (default: all completed)."""
+    keep = ~res.requests["rejected"].to_numpy()
+    chosen = np.flatnonzero(keep) if requests is None else np.asarray(requests)
+    parts = [pd.DataFrame({"request": i, "token": np.arange(1, t.size), "time_s": t[1:], "itl_ms": np.diff(t) * 1e3})
+             for i in chosen if (t := res.token_times[i]).size > 1]
+    cols = ["request", "token", "time_s", "itl_ms"]
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=cols)
+
+
+# -- chart builders ------------------------------------------------------------------------------------------
+def padding_chart(summary: pd.DataFrame, batches: pd.DataFrame | None = None, cv: str = "output_cv"):
+    """Padding tax and tail waste of static batching against output-length CV, with a CV slider (notebook 01).
+
+    Parameters
+    ----------
+    summary : DataFrame
+        One row per CV: ``cv`` column, ``padding_fraction`` and ``half_empty_fraction`` (shares in [0, 1]),
+        as :func:`batchlab.experiments.static_padding_sweep` returns.
+    batches : DataFrame, optional
+        Rows of one batch per CV (``row``, ``kind``, ``tokens`` and the ``cv`` column); if given, a second
+        panel draws the batch at the selected CV, generated tokens beside the padded tail.
+    cv : str
+        Name of the CV column.
+
+    Returns
+    -------
+    altair chart; the slider ``cv`` moves a marker along both curves and redraws the batch panel.
+    """
+    param, at_cv = grid_param("cv", summary[cv], "output-length CV", field=cv)
+    long = summary.melt(id_vars=[cv], value_vars=["padding_fraction", "half_empty_fraction"], var_name="measure",
+                        value_name="share")
+    long["measure"] = long["measure"].map({"padding_fraction": "padded token slots",
+                                           "half_empty_fraction": "batch time half empty"})
+    base = alt.Chart(long).encode(
+        x=alt.X(f"{cv}:Q", title=title(cv)),
+        y=alt.Y("share:Q", title="share wasted (%)", axis=alt.Axis(format="%"), scale=alt.Scale(domain=[0, 1])),
+        color=alt.Color("measure:N", title=None, legend=alt.Legend(orient="top")))
+    marker = base.mark_point(size=110).transform_filter(at_cv)
+    label = base.mark_text(align="left", dx=8, dy=-8).encode(text=alt.Text("share:Q", format=".0%")).transform_filter(at_cv)
+    curves = alt.layer(base.mark_line(), marker, label).properties(width=300, height=240)
+    if batches is None:
+        return curves.add_params(param)
+    rows = alt.Chart(batches).mark_bar().encode(
+        x=alt.X("tokens:Q", title="decode tokens per row", stack="zero"),
+        y=alt.Y("row:O", title="rows of the first batch, shortest output first", axis=alt.Axis(labels=False, ticks=False)),
+        color=alt.Color("kind:N", title=None, scale=alt.Scale(domain=["generated", "padding"], range=[PALETTE[0], "#d9d9d9"]),
+                        legend=alt.Legend(orient="top"))).transform_filter(at_cv).properties(width=220, height=240)
+    return alt.hconcat(curves, rows).resolve_scale(color="independent").add_params(param)
+
+
+def gantt_chart(df: pd.DataFrame, facet: str = "policy"):
+    """One row per request, bars for its waiting, prefill, decode and held phases; one panel per ``facet``.
+
+    Parameters
+    ----------
+    df : DataFrame
+        :func:`gantt_frame` of one or more runs (concatenate them): ``request``, ``phase``, ``start_s``,
+        ``end_s`` (seconds) and the ``facet`` column.
+    facet : str
+        Column that splits the panels (one per policy); ignored when absent.
+    """
+    bars = alt.Chart(df).mark_bar().encode(
+        x=alt.X("start_s:Q", title="time (s)"), x2="end_s:Q",
+        y=alt.Y("request:O", title="request"),
+        color=alt.Color("phase:N", title=None, scale=alt.Scale(domain=list(PHASES), range=list(PHASE_COLORS)),
+                        legend=alt.Legend(orient="top")),
+        tooltip=["request:O", "phase:N", alt.Tooltip("start_s:Q", format=".3f"), alt.Tooltip("end_s:Q", format=".3f")])
+    if facet not in df.columns:
+        return bars
+    return bars.properties(width=520, height=alt.Step(12)).facet(row=alt.Row(f"{facet}:N", title=None))
+
+
+def occupancy_chart(steps: pd.DataFrame, y: str = "running", color: str = "policy"):
+    """Batch occupancy over time: ``y`` (default running sequences) per iteration as a step line.
+
+    Parameters
+    ----------
+    steps : DataFrame
+        :func:`steps_frame` of one or more runs: ``start_s`` (s), ``y`` and optionally ``color``.
+    y, color : str
+        Columns for the height and for the series.
+    """
+    enc = {"color": alt.Color(f"{color}:N", title=None, legend=alt.Legend(orient="top"))} if color in steps else {}
+    return alt.Chart(steps).mark_line(interpolate="step-after").encode(
+        x=alt.X("start_s:Q", title=title("start_s")), y=alt.Y(f"{y}:Q", title=title(y)), **enc)
+
+
+def roofline_chart(df: pd.DataFrame, knees: pd.DataFrame, color: str | None = None):
+    """Decode step time against batch size on log-log axes, a slider over context, the knee marked (notebook 04).
+
+    Parameters
+    ----------
+    df : DataFrame
+        ``batch`` (sequences), ``context`` (tokens per sequence), ``step_time_s`` (s), precomputed on a
+        grid of contexts; evenly spaced contexts get a slider, others a select box.
+    knees : DataFrame
+        ``context`` and ``knee`` (sequences) for each context on the grid (and the ``color`` column).
+    color : str, optional
+        Column that separates series, e.g. ``hardware`` or ``model``.
+
+    Returns
+    -------
+    altair chart; the slider ``context`` picks the curve and moves the knee rule and its label.
+    """
+    param, at_ctx = grid_param("context", df["context"], "context per sequence (tokens)")
+    enc = {"color": alt.Color(f"{color}:N", title=None, legend=alt.Legend(orient="top"))} if color else {}
+    lines = alt.Chart(df).transform_filter(at_ctx).transform_calculate(step_time_ms="datum.step_time_s * 1000").mark_line(
+    ).encode(x=alt.X("batch:Q", title=title("batch"), scale=alt.Scale(type="log", nice=False), axis=alt.Axis(format="~s")),
+             y=alt.Y("step_time_ms:Q", title=title("step_time_ms"), scale=alt.Scale(type="log")), **enc)
+    rule = alt.Chart(knees).transform_filter(at_ctx).mark_rule(strokeDash=[4, 3]).encode(x="knee:Q", **enc)
+    text = alt.Chart(knees).transform_filter(at_ctx).transform_calculate(label="'knee ' + format(datum.knee, '.0f')").mark_text(
+        align="left", dx=4, baseline="top", y=4).encode(x="knee:Q", text="label:N", **enc)
+    return alt.layer(lines, rule, text).add_params(param)
+
+
+def itl_timeline_chart(df: pd.DataFrame, color: str = "request"):
+    """Every inter-token gap against the time its token was emitted (notebooks 05 and 06).
+
+    Parameters
+    ----------
+    df : DataFrame
+        :func:`itl_frame`: ``time_s`` (s), ``itl_ms`` (ms), ``request``; extra columns go to the tooltip.
+    color : str
+        Column coloring the points (no legend past ten values); ignored when absent.
+    """
+    enc = {}
+    if color in df.columns:
+        legend = alt.Legend(orient="top") if df[color].nunique() <= 10 else None
+        enc["color"] = alt.Color(f"{color}:N", title=None, legend=legend)
+    return alt.Chart(df).mark_circle(size=14, opacity=0.8).encode(
+        x=alt.X("time_s:Q", title=title("time_s")), y=alt.Y("itl_ms:Q", title=title("itl_ms")),
+        tooltip=list(df.columns), **enc)
+
+
+def frontier_chart(df: pd.DataFrame, x: str = "output_throughput", y: str = "p99_ttft_ms",
+                   color: str = "max_num_batched_tokens", order: str = "max_num_seqs",
+                   frontier: str | None = None, select: str | None = None):
+    """Latency against throughput over a sweep: one line per ``color``, the Pareto frontier on top (notebook 08).
+
+    Parameters
+    ----------
+    df : DataFrame
+        One row per configuration, e.g. from ``batchlab.sweep``: columns ``x``, ``y``, ``color``, ``order``.
+    x, y : str
+        Throughput and latency columns (``_ms`` latencies, tok/s throughputs).
+    color, order : str
+        Column naming each line and column ordering points along it.
+    frontier : str, optional
+        Boolean column marking Pareto-optimal rows; they are joined by a black line.
+    select : str, optional
+        Grid column bound to a slider that highlights the chosen line (defaults to none).
+    """
+    enc = dict(x=alt.X(f"{x}:Q", title=title(x)), y=alt.Y(f"{y}:Q", title=title(y)),
+               color=alt.Color(f"{color}:O", title=color, legend=alt.Legend(orient="top")),
+               order=alt.Order(f"{order}:Q"), tooltip=list(df.columns))
+    param = None
+    if select:
+        param, at = grid_param(select, df[select], title(select), field=select)
+        enc["opacity"] = alt.when(at).then(alt.value(1.0)).otherwise(alt.value(0.15))
+    layers = [alt.Chart(df).mark_line(point=True).encode(**enc)]
+    if frontier:
+        front = df[df[frontier]].sort_values(x)
+        layers.append(alt.Chart(front).mark_line(color="black", strokeDash=[2, 2]).encode(x=f"{x}:Q", y=f"{y}:Q"))
+    chart = alt.layer(*layers)
+    return chart.add_params(param) if param is not None else chart
