@@ -1,0 +1,96 @@
+"""Sphinx extension: the book carries its own copy of Vega, Vega-Lite and vega-embed, and checks it needs no other host.
+
+* Writes :func:`batchlab.viz.offline_bundle` to ``_static/batchlab-vega.js`` once per build and loads it on
+  every page as a classic script (a module script would not load from ``file://``), with a few lines of CSS
+  for the chart containers.
+* Sets ``BATCHLAB_BOOK=1`` in this process before any notebook runs: the kernels myst-nb starts inherit it,
+  and then :func:`batchlab.viz.render` leaves the library to the page instead of inlining it.
+* Leaves out sphinx-thebe's assets when thebe is off (they name a CDN and raise a console error).
+* After the build, reads every HTML page and warns (an error under ``-W``) about any script, stylesheet,
+  font or preload that would come from another host, e.g. MathJax from a CDN on a page with ``$math$``.
+"""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from sphinx.util import logging
+
+BUNDLE = "batchlab-vega.js"
+STYLE = "batchlab-charts.css"
+# A chart wider than the text column scrolls instead of spilling over; slider labels in the chart's type size.
+CHART_CSS = """.batchlab-chart { overflow-x: auto; margin: 0.5rem 0 1rem; }
+.batchlab-chart .vega-bindings { font-size: 0.8rem; margin-top: 0.25rem; }
+.batchlab-chart .vega-bind-name { margin-right: 0.5rem; }
+.batchlab-chart .vega-bindings input[type=range] { vertical-align: middle; width: 14rem; }
+"""
+logger = logging.getLogger(__name__)
+
+# An element that makes the browser fetch: <script src>, <link href> (stylesheet, font, preload, icon), <img src>...
+_FETCH = re.compile(r"<(script|link|img|iframe|source|embed)\b[^>]*?\b(src|href)\s*=\s*[\"']?((?:https?:)?//[^\"'\s>]+)",
+                    re.IGNORECASE)
+_CSS_URL = re.compile(r"(@import\s+|url\(\s*)[\"']?((?:https?:)?//[^\"')\s]+)", re.IGNORECASE)
+_NOT_FETCHED = re.compile(r"\brel\s*=\s*[\"']?(canonical|alternate|author|license|next|prev)\b", re.IGNORECASE)
+
+
+def external_assets(html: str) -> list[str]:
+    """URLs on another host that a page would load by itself (links a reader clicks are not counted)."""
+    found = []
+    for match in _FETCH.finditer(html):
+        element = html[match.start(): html.find(">", match.end()) + 1]
+        if match.group(1).lower() == "link" and _NOT_FETCHED.search(element):
+            continue
+        found.append(match.group(3))
+    found += [m.group(2) for m in _CSS_URL.finditer(html)]
+    return found
+
+
+def _write_bundle(app) -> None:
+    if app.builder.format != "html":
+        return
+    from batchlab.viz import offline_bundle
+
+    for name, text in ((BUNDLE, offline_bundle()), (STYLE, CHART_CSS)):
+        path = Path(app.outdir) / "_static" / name
+        if not path.exists() or path.read_text(encoding="utf-8") != text:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+
+
+def _drop_thebe(app, pagename, templatename, context, doctree) -> None:
+    """Jupyter Book always loads sphinx-thebe; with thebe off its assets only name a CDN and, added twice,
+    redeclare a constant (a console error on every page). Leave them out."""
+    if (app.config.html_theme_options.get("launch_buttons") or {}).get("thebe"):
+        return
+
+    def is_thebe(asset) -> bool:
+        body = str((getattr(asset, "attributes", None) or {}).get("body", ""))
+        return "thebe" in str(getattr(asset, "filename", asset) or "") or "THEBE_JS_URL" in body
+
+    for key in ("script_files", "css_files"):
+        if key in context:
+            context[key] = [asset for asset in context[key] if not is_thebe(asset)]
+
+
+def _check_offline(app, exception) -> None:
+    if exception is not None or app.builder.format != "html":
+        return
+    outdir = Path(app.outdir)
+    if not (outdir / "_static" / BUNDLE).exists():
+        logger.warning(f"vega_offline: _static/{BUNDLE} is missing; charts will not draw")
+    for page in sorted(outdir.rglob("*.html")):
+        for url in external_assets(page.read_text(encoding="utf-8", errors="replace")):
+            logger.warning(f"vega_offline: {page.relative_to(outdir)} loads {url} from another host; "
+                           f"the book must work offline (math is not available offline: write formulas as code)")
+
+
+def setup(app):
+    # Inherited by the kernels that execute the notebooks during this build (see batchlab.viz).
+    os.environ["BATCHLAB_BOOK"] = "1"
+    app.add_js_file(BUNDLE, priority=200)  # before the pages' inline chart scripts; classic, not deferred
+    app.add_css_file(STYLE)
+    app.connect("builder-inited", _write_bundle)
+    app.connect("html-page-context", _drop_thebe, priority=900)  # after sphinx-thebe added its assets
+    app.connect("build-finished", _check_offline)
+    return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}
