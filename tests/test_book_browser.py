@@ -1,0 +1,227 @@
+"""The built book in a real browser: every page of the TOC opened in headless Chromium, served from 127.0.0.1.
+
+Needs ``_build/html`` (``make book``) and Debian's ``/usr/bin/chromium`` driven by Playwright. Checks that no
+page asks any other host for anything, that every chart container draws an svg or canvas, that nothing logs a
+console error, and that moving each slider bound to a chart redraws it. Saves a PNG of each page's first chart
+to ``_build/screenshots/<page>.png`` for a reviewer to look at.
+
+To cover a new notebook: add it to ``_toc.yml`` (every TOC page is opened), and if its headline chart has a
+bound slider, add ``"notebooks/NN_slug": <number of sliders>`` to ``SLIDER_PAGES`` below.
+"""
+from __future__ import annotations
+
+import functools
+import http.server
+import re
+import threading
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+HTML = ROOT / "_build" / "html"
+SCREENSHOTS = ROOT / "_build" / "screenshots"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+LOCAL_HOSTS = {"127.0.0.1"}
+CHART = "div[id^=batchlab-chart-]"
+
+# Page (TOC path without suffix) -> how many range sliders its charts must have; each must redraw its chart.
+# Later: "notebooks/04_step_time_roofline": 1, "notebooks/06_chunked_prefill": 1, "notebooks/08_two_knobs": 1.
+SLIDER_PAGES = {
+    "notebooks/01_static_batching": 1,
+}
+
+
+def toc_pages() -> list[str]:
+    """Every page of ``_toc.yml``, in order (paths without suffix)."""
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    pages = [toc["root"]]
+
+    def walk(entries):
+        for entry in entries or []:
+            if "file" in entry:
+                pages.append(entry["file"])
+            walk(entry.get("chapters"))
+            walk(entry.get("sections"))
+
+    for part in toc.get("parts", []):
+        walk(part.get("chapters"))
+    walk(toc.get("chapters"))
+    return [re.sub(r"\.(md|ipynb)$", "", p) for p in pages]
+
+
+PAGES = toc_pages()
+
+
+@pytest.fixture(scope="module")
+def site():
+    if not (HTML / "index.html").exists():
+        pytest.fail(f"{HTML} has no built book: run `make book` first")
+    handler = functools.partial(_QuietHandler, directory=str(HTML))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+class Visit:
+    """One page opened in a fresh context, with every request, console error and page error recorded."""
+
+    def __init__(self, browser, url):
+        self.requests, self.blocked, self.errors = [], [], []
+        self.context = browser.new_context(viewport={"width": 1280, "height": 1000})
+        self.page = self.context.new_page()
+        self.page.route("**/*", self._route)
+        self.page.on("request", lambda r: self.requests.append(r.url))
+        self.page.on("websocket", lambda ws: self.blocked.append(ws.url))
+        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.goto(url, wait_until="load")
+
+    def _route(self, route):
+        url = route.request.url
+        host = re.match(r"^[a-z]+://([^/:]+)", url)
+        if host and host.group(1) not in LOCAL_HOSTS:
+            self.blocked.append(url)
+            route.abort()
+        else:
+            route.continue_()
+
+    def charts(self):
+        return self.page.locator(CHART)
+
+    def wait_drawn(self, chart_id: str):
+        self.page.wait_for_selector(f"#{chart_id} svg, #{chart_id} canvas", state="attached", timeout=15_000)
+
+    def close(self):
+        self.context.close()
+
+
+@pytest.fixture
+def visit(site, browser, request):
+    page = request.param
+    v = Visit(browser, f"{site}/{page}.html")
+    yield page, v
+    v.close()
+
+
+def test_toc_pages_were_built():
+    missing = [p for p in PAGES if not (HTML / f"{p}.html").exists()]
+    assert (HTML / "index.html").exists(), "no _build/html/index.html: run `make book` first"
+    assert not missing, f"pages in _toc.yml with no HTML (run `make book`): {missing}"
+
+
+def test_slider_pages_are_in_toc():
+    assert set(SLIDER_PAGES) <= set(PAGES), "SLIDER_PAGES names a page that is not in _toc.yml"
+
+
+@pytest.mark.parametrize("visit", PAGES, indirect=True)
+def test_page_is_offline_and_every_chart_draws(visit):
+    page, v = visit
+    ids = [v.charts().nth(i).get_attribute("id") for i in range(v.charts().count())]
+    assert len(ids) == len(set(ids)), f"{page}: duplicate chart ids {ids}"
+    for chart_id in ids:
+        v.wait_drawn(chart_id)
+    v.page.wait_for_load_state("networkidle")
+    assert not v.blocked, f"{page} asked other hosts for: {v.blocked}"
+    assert all(u.startswith(("http://127.0.0.1:", "data:", "blob:")) for u in v.requests), v.requests
+    assert not v.errors, f"{page}: console errors {v.errors}"
+    if ids:
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        v.charts().first.screenshot(path=str(SCREENSHOTS / f"{Path(page).name}.png"))
+
+
+@pytest.mark.parametrize("visit", sorted(SLIDER_PAGES), indirect=True)
+def test_every_bound_slider_redraws_its_chart(visit):
+    page, v = visit
+    sliders = v.page.locator(f"{CHART} .vega-bindings input[type=range]")
+    assert sliders.count() >= SLIDER_PAGES[page], f"{page}: expected {SLIDER_PAGES[page]} sliders"
+    for i in range(sliders.count()):
+        slider = sliders.nth(i)
+        chart = slider.locator("xpath=ancestor::div[starts-with(@id, 'batchlab-chart-')][1]")
+        chart_id = chart.get_attribute("id")
+        v.wait_drawn(chart_id)
+        before = chart.locator("svg").first.inner_html()
+        target = slider.get_attribute("max") if slider.input_value() != slider.get_attribute("max") \
+            else slider.get_attribute("min")
+        slider.evaluate("(el, value) => { el.value = value; el.dispatchEvent(new Event('input', {bubbles: true}));"
+                        " el.dispatchEvent(new Event('change', {bubbles: true})); }", target)
+        v.page.wait_for_function(
+            "([id, old]) => { const s = document.querySelector('#' + id + ' svg'); return s && s.innerHTML !== old; }",
+            arg=[chart_id, before], timeout=10_000)
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        chart.screenshot(path=str(SCREENSHOTS / f"{Path(page).name}-slider{i + 1}.png"))
+    assert not v.errors, f"{page}: console errors {v.errors}"
+
+
+_EXTERNAL_ASSET = re.compile(
+    r"<script\b[^>]*\bsrc\s*=\s*[\"']?(https?:)?//|<link\b[^>]*\bhref\s*=\s*[\"']?(https?:)?//[^>]*>"
+    r"|@import\s+[\"']?(url\()?[\"']?(https?:)?//|@font-face[^}]*url\(\s*[\"']?(https?:)?//", re.IGNORECASE)
+
+
+def test_built_html_references_no_external_script_style_or_font():
+    pages = sorted(HTML.rglob("*.html"))
+    assert pages, "no built HTML: run `make book` first"
+    offenders = {}
+    for path in pages + sorted((HTML / "_static").rglob("*.css")):
+        hits = [m.group(0)[:120] for m in _EXTERNAL_ASSET.finditer(path.read_text(encoding="utf-8", errors="replace"))]
+        hits = [h for h in hits if not re.search(r"rel=[\"']?(canonical|alternate)", h)]
+        if hits:
+            offenders[str(path.relative_to(HTML))] = hits
+    assert not offenders, f"external assets: {offenders}"
+
+
+def test_pages_use_the_shared_library_not_an_inline_copy():
+    """In the book the library comes from _static once; a page that inlines it means BATCHLAB_BOOK was lost."""
+    assert (HTML / "_static" / "batchlab-vega.js").stat().st_size > 100_000
+    for page in PAGES:
+        text = (HTML / f"{page}.html").read_text(encoding="utf-8")
+        assert "data-batchlab-library" not in text, f"{page} inlines the chart library"
+        if "batchlab-chart-" in text:
+            assert "_static/batchlab-vega.js" in text, f"{page} has charts but does not load the library"
+
+
+def test_live_kernel_output_draws_without_the_book(browser, tmp_path):
+    """What a live kernel shows (first chart carries the library, the second relies on it) draws offline."""
+    import subprocess
+    import sys
+
+    script = ("import os; os.environ.pop('BATCHLAB_BOOK', None)\n"
+              "import pandas as pd, altair as alt; import batchlab.viz as viz\n"
+              "df = pd.DataFrame({'x': [1, 2, 3], 'y': [3, 1, 2]})\n"
+              "for mark in ('mark_line', 'mark_bar'):\n"
+              "    print(getattr(alt.Chart(df), mark)().encode(x='x', y='y')._repr_mimebundle_()['text/html'])\n")
+    html = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert html.count("data-batchlab-library") == 1
+    page_file = tmp_path / "live.html"
+    page_file.write_text(f"<!doctype html><html><body>{html}</body></html>", encoding="utf-8")
+    context = browser.new_context()
+    page = context.new_page()
+    errors, foreign = [], []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("request", lambda r: foreign.append(r.url) if not r.url.startswith(("file:", "data:", "blob:")) else None)
+    page.goto(page_file.as_uri())
+    for n in (1, 2):
+        page.wait_for_selector(f"#batchlab-chart-{n} svg", state="attached", timeout=15_000)
+    context.close()
+    assert not errors and not foreign, (errors, foreign)
