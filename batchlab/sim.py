@@ -206,8 +206,9 @@ def _run_iterations(arrival, prompt, output, live, tok_off, coef, chunked, max_n
     n = arrival.shape[0]
     n_live = live.shape[0]
     emitted = np.zeros(n, np.int64)  # tokens produced so far (kept across preemption)
-    # Work lost to preemption: each preemption throws away the tokens computed so far, and a request that
-    # completes has computed every position once more than it lost, so recomputed = lost.
+    # Work lost to preemption: each preemption throws away the tokens computed so far. A request that
+    # completes computes each of its prompt + output - 1 positions once, plus everything it lost again,
+    # so its recomputed tokens equal its lost ones.
     lost = np.zeros(n, np.int64)
     high_water = np.zeros(n, np.int64)  # most tokens ever computed (for requests rejected after preemption)
     run = np.zeros((min(n, max_num_seqs) + 1, _NCOL), np.int64)
@@ -239,7 +240,7 @@ def _run_iterations(arrival, prompt, output, live, tok_off, coef, chunked, max_n
         left = budget
         preempted = False
         n_victims = 0
-        # Aggregates of the iteration for the cost model, summed as rows are scheduled.
+        # Aggregates of the iteration for the cost model.
         new_tokens = 0
         attn_work = 0.0
         cached = 0
