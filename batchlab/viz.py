@@ -77,7 +77,8 @@ def title(column: str) -> str:
 # -- theme -------------------------------------------------------------------------------------------------
 @alt.theme.register(THEME, enable=True)
 def _theme() -> alt.theme.ThemeConfig:
-    axis = {"titleFontWeight": "normal", "titleFontSize": 12, "labelFontSize": 11, "gridColor": "#ececec",
+    axis = {"titleFontWeight": "normal", "titleFontSize": 12, "labelFontSize": 11, "labelOverlap": "greedy",
+            "gridColor": "#ececec",
             "domainColor": "#888888", "tickColor": "#888888", "titleColor": "#333333"}
     return {"config": {
         "font": "system-ui, -apple-system, 'Segoe UI', Roboto, 'Helvetica Neue', Arial, sans-serif",
@@ -244,7 +245,8 @@ def padding_chart(summary: pd.DataFrame, batches: pd.DataFrame | None = None, cv
         as :func:`batchlab.experiments.static_padding_sweep` returns.
     batches : DataFrame, optional
         Rows of one batch per CV (``row``, ``kind``, ``tokens`` and the ``cv`` column); if given, a second
-        panel draws the batch at the selected CV, generated tokens beside the padded tail.
+        panel draws the batch at the selected CV, generated tokens beside the padded tail, on one token
+        scale for every CV so the batch visibly stretches as the slider moves.
     cv : str
         Name of the CV column.
 
@@ -257,20 +259,23 @@ def padding_chart(summary: pd.DataFrame, batches: pd.DataFrame | None = None, cv
                         value_name="share")
     long["measure"] = long["measure"].map({"padding_fraction": "padded token slots",
                                            "half_empty_fraction": "batch time half empty"})
+    lo, hi = float(summary[cv].min()), float(summary[cv].max())
+    room = [lo, hi + 0.15 * (hi - lo)]  # the value labels stay inside the plot: the layout never shifts
     base = alt.Chart(long).encode(
-        x=alt.X(f"{cv}:Q", title=title(cv)),
+        x=alt.X(f"{cv}:Q", title=title(cv), axis=alt.Axis(tickCount=5), scale=alt.Scale(domain=room, nice=False)),
         y=alt.Y("share:Q", title="share wasted (%)", axis=alt.Axis(format="%"), scale=alt.Scale(domain=[0, 1])),
         color=alt.Color("measure:N", title=None, legend=alt.Legend(orient="top")))
     marker = base.mark_point(size=110).transform_filter(at_cv)
     label = base.mark_text(align="left", dx=8, dy=-8).encode(text=alt.Text("share:Q", format=".0%")).transform_filter(at_cv)
-    curves = alt.layer(base.mark_line(), marker, label).properties(width=300, height=240)
+    curves = alt.layer(base.mark_line(), marker, label).properties(width=270, height=240)
     if batches is None:
         return curves.add_params(param)
+    longest = float(batches.groupby([cv, "row"])["tokens"].sum().max())  # one x scale for every CV
     rows = alt.Chart(batches).mark_bar().encode(
-        x=alt.X("tokens:Q", title="decode tokens per row", stack="zero"),
-        y=alt.Y("row:O", title="rows of the first batch, shortest output first", axis=alt.Axis(labels=False, ticks=False)),
+        x=alt.X("tokens:Q", title="decode tokens per row", stack="zero", scale=alt.Scale(domain=[0, longest])),
+        y=alt.Y("row:O", title="rows of the first batch", axis=alt.Axis(labels=False, ticks=False)),
         color=alt.Color("kind:N", title=None, scale=alt.Scale(domain=["generated", "padding"], range=[PALETTE[0], "#d9d9d9"]),
-                        legend=alt.Legend(orient="top"))).transform_filter(at_cv).properties(width=220, height=240)
+                        legend=alt.Legend(orient="top"))).transform_filter(at_cv).properties(width=190, height=240)
     return alt.hconcat(curves, rows).resolve_scale(color="independent").add_params(param)
 
 

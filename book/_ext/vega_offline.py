@@ -5,6 +5,8 @@
   for the chart containers.
 * Sets ``BATCHLAB_BOOK=1`` in this process before any notebook runs: the kernels myst-nb starts inherit it,
   and then :func:`batchlab.viz.render` leaves the library to the page instead of inlining it.
+* With ``execute_notebooks: force``, makes Sphinx read every page on every build, so notebooks rerun after
+  an edit to ``batchlab/`` (Sphinx would otherwise reuse the outputs of unedited notebooks).
 * Leaves out sphinx-thebe's assets when thebe is off (they name a CDN and raise a console error).
 * After the build, reads every HTML page and warns (an error under ``-W``) about any script, stylesheet,
   font or preload that would come from another host, e.g. MathJax from a CDN on a page with ``$math$``.
@@ -58,6 +60,14 @@ def _write_bundle(app) -> None:
             path.write_text(text, encoding="utf-8")
 
 
+def _reread_everything(app, env, added, changed, removed) -> list[str]:
+    """Sphinx re-reads only edited sources, so after an edit to batchlab/ a notebook would keep its old
+    outputs even with ``execute_notebooks: force``. Read (and so execute) every page on every build."""
+    if getattr(app.config, "nb_execution_mode", None) != "force":
+        return []
+    return sorted(set(env.found_docs) - set(added) - set(changed) - set(removed))
+
+
 def _drop_thebe(app, pagename, templatename, context, doctree) -> None:
     """Jupyter Book always loads sphinx-thebe; with thebe off its assets only name a CDN and, added twice,
     redeclare a constant (a console error on every page). Leave them out."""
@@ -91,6 +101,7 @@ def setup(app):
     app.add_js_file(BUNDLE, priority=200)  # before the pages' inline chart scripts; classic, not deferred
     app.add_css_file(STYLE)
     app.connect("builder-inited", _write_bundle)
+    app.connect("env-get-outdated", _reread_everything)
     app.connect("html-page-context", _drop_thebe, priority=900)  # after sphinx-thebe added its assets
     app.connect("build-finished", _check_offline)
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}
