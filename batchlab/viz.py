@@ -171,7 +171,8 @@ def grid_param(name: str, values, label: str | None = None, field: str | None = 
     name : str
         Parameter name (a JavaScript identifier).
     values : array-like of float
-        The grid the data was computed on. Evenly spaced values get a range slider; others a select box.
+        The grid the data was computed on. Evenly spaced values get a range slider, others a select box,
+        a single value no control.
     label : str, optional
         Text beside the control (defaults to ``name``).
     field : str, optional
@@ -190,8 +191,10 @@ def grid_param(name: str, values, label: str | None = None, field: str | None = 
     gaps = np.diff(grid)
     if grid.size > 1 and np.allclose(gaps, gaps[0]):
         bind = alt.binding_range(min=float(grid[0]), max=float(grid[-1]), step=float(gaps[0]), name=label or name)
-    else:
+    elif grid.size > 1:
         bind = alt.binding_select(options=grid.tolist(), name=label or name)
+    else:
+        bind = alt.Undefined  # one value (a live explore cell): nothing to choose
     tolerance = float(gaps.min() / 2) if grid.size > 1 else 0.5
     param = alt.param(name=name, value=float(grid[0] if value is None else value), bind=bind)
     return param, f"abs(datum['{field or name}'] - {name}) < {tolerance!r}"
@@ -259,8 +262,8 @@ def padding_chart(summary: pd.DataFrame, batches: pd.DataFrame | None = None, cv
                         value_name="share")
     long["measure"] = long["measure"].map({"padding_fraction": "padded token slots",
                                            "half_empty_fraction": "batch time half empty"})
-    lo, hi = float(summary[cv].min()), float(summary[cv].max())
-    room = [lo, hi + 0.15 * (hi - lo)]  # the value labels stay inside the plot: the layout never shifts
+    lo, hi = min(0.0, float(summary[cv].min())), float(summary[cv].max())
+    room = [lo, hi + 0.15 * ((hi - lo) or 1.0)]  # value labels stay inside the plot: the layout never shifts
     base = alt.Chart(long).encode(
         x=alt.X(f"{cv}:Q", title=title(cv), axis=alt.Axis(tickCount=5), scale=alt.Scale(domain=room, nice=False)),
         y=alt.Y("share:Q", title="share wasted (%)", axis=alt.Axis(format="%"), scale=alt.Scale(domain=[0, 1])),

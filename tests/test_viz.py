@@ -197,6 +197,7 @@ def test_grid_param_tolerance_and_binding():
     tol = float(predicate.rsplit("<", 1)[1])
     assert 0.04 < tol < 0.06  # half a step: a slider value of 0.30000000000000004 still picks 0.3
     assert viz.grid_param("n", [1, 2, 8])[0].param.to_dict()["bind"]["input"] == "select"
+    assert "bind" not in viz.grid_param("n", [4])[0].param.to_dict()
 
 
 def test_titles_of_vllm_names():
