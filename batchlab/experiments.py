@@ -96,3 +96,278 @@ def static_padding_sweep(cost, output_cvs, *, n_requests: int = 512, batch_size:
                      "duration_s": summ["duration"], "output_throughput": summ["output_throughput"]})
         batches.append(first_batch_rows(req).assign(output_cv=float(cv)))
     return pd.DataFrame(rows), pd.concat(batches, ignore_index=True)
+
+
+# --- 06_chunked_prefill ---
+from typing import NamedTuple  # noqa: E402  (kept in this section: several notebooks append to this file)
+
+from .workload import Requests  # noqa: E402
+
+def prefill_arrival(cost, *, policy: str = "chunked", n_decoders: int = 128, decoder_context: int = 2048,
+                    prompt_tokens: int = 8000, decoder_prompt_tokens: int = 64, newcomer_output_tokens: int = 16,
+                    **knobs):
+    """One long prompt arriving while a batch of sequences decodes (notebook 06).
+
+    ``n_decoders`` requests with short prompts arrive at time 0 and decode. The newcomer (the last request)
+    arrives at the step boundary where every decoder's context has reached ``decoder_context`` tokens, so
+    whatever the budget, it meets the same batch: prompts were kept short so that their warm-up barely
+    depends on the budget. The decoders keep decoding well past the newcomer's first token.
+
+    Parameters
+    ----------
+    cost : CostModel
+    policy : {"chunked", "continuous"}
+    n_decoders : int
+        Sequences decoding when the prompt arrives.
+    decoder_context : int
+        Tokens in each decoder's context (prompt + output so far) when the prompt arrives.
+    prompt_tokens : int
+        Tokens of the newcomer's prompt (N).
+    decoder_prompt_tokens, newcomer_output_tokens : int
+        Prompt tokens of each decoder; output tokens of the newcomer.
+    **knobs
+        Passed to :func:`batchlab.simulate` (``max_num_batched_tokens``, ``enable_chunked_prefill``, ...).
+
+    Returns
+    -------
+    res : SimResult
+        The newcomer is the last request.
+    arrival_s : float
+        Seconds, when the newcomer arrived.
+    """
+    if not 0 < decoder_prompt_tokens < decoder_context:
+        raise ValueError("decoder_prompt_tokens must be >= 1 and below decoder_context")
+    budget = knobs.get("max_num_batched_tokens")
+    if policy == "chunked" and budget is not None and budget <= n_decoders:
+        raise ValueError(f"max_num_batched_tokens={budget} leaves no token for the prompt beside "
+                         f"{n_decoders} decodes: it must exceed n_decoders")
+    chunk = prompt_tokens if budget is None else max(budget - n_decoders, 1)
+    reach = decoder_context - decoder_prompt_tokens  # outputs each decoder emits before the prompt arrives
+    output = reach + -(-prompt_tokens // chunk) + 64  # and enough to outlast the newcomer's prefill
+    n = n_decoders
+    decoders = Requests(np.zeros(n), np.full(n, decoder_prompt_tokens), np.full(n, output))
+    warm = simulate(decoders, policy, cost, **knobs)
+    arrival = max(float(t[reach - 1]) for t in warm.token_times)  # a step end: the next step admits it
+    stream = Requests(np.r_[np.zeros(n), arrival], np.r_[np.full(n, decoder_prompt_tokens), prompt_tokens],
+                      np.r_[np.full(n, output), newcomer_output_tokens])
+    return simulate(stream, policy, cost, **knobs), arrival
+
+
+def arrival_measures(res, arrival_s: float, window_s: float = 0.1):
+    """What the decoders and the newcomer of :func:`prefill_arrival` saw.
+
+    Returns
+    -------
+    measures : dict
+        ``itl_max_s`` (the decoders' largest gap ending between the arrival and the newcomer's first token:
+        later gaps grow only with the decoders' context), ``ttft_s`` (the newcomer's),
+        ``decode_step_s`` (the decoders' median gap on the step before the arrival), ``prefill_steps``
+        (steps from the arrival to the newcomer's first token) and ``largest_chunk_tokens``.
+    timeline : DataFrame
+        ``time_s`` (seconds since the arrival) and ``itl_s`` of the decoders' tokens from ``window_s``
+        before the arrival to ``window_s`` after the newcomer's first token; every decoder is in every step,
+        so their gaps coincide and one row per step (the largest gap at that time) is kept.
+    """
+    times = res.token_times[:-1]
+    ends = np.concatenate([t[1:] for t in times])
+    gaps = np.concatenate([np.diff(t) for t in times])
+    before = [np.diff(t)[t[1:] <= arrival_s][-1] for t in times]
+    ttft = float(res.requests["ttft_s"].iloc[-1])
+    steps = res.steps
+    during = steps[(steps["start_s"] >= arrival_s - 1e-12) & (steps["start_s"] < arrival_s + ttft - 1e-12)]
+    prefill = (ends > arrival_s) & (ends <= arrival_s + ttft + 1e-12)  # tokens emitted during its prefill
+    measures = {"itl_max_s": float(gaps[prefill].max()), "ttft_s": ttft,
+                "decode_step_s": float(np.median(before)), "prefill_steps": len(during),
+                "largest_chunk_tokens": int(during["prefill_tokens"].max())}
+    keep = (ends >= arrival_s - window_s) & (ends <= arrival_s + ttft + window_s)
+    timeline = pd.DataFrame({"time_s": ends[keep] - arrival_s, "itl_s": gaps[keep]})
+    timeline = timeline.groupby(timeline["time_s"].round(9), as_index=False)["itl_s"].max()
+    return measures, timeline
+
+
+def chunk_budget_sweep(cost, budgets, *, unchunked_budget: int = 16384, window_s: float = 0.1, **scene):
+    """The decoders' worst ITL and the newcomer's TTFT at each token budget, and with chunking off (notebook 06).
+
+    Chunking off is vLLM V1's own switch: ``policy="chunked"`` with ``enable_chunked_prefill=False`` and a
+    budget of ``unchunked_budget`` tokens, large enough for the whole prompt and the decodes in one step.
+
+    Parameters
+    ----------
+    cost : CostModel
+    budgets : sequence of int
+        ``max_num_batched_tokens`` values (each above the number of decoders).
+    unchunked_budget : int
+        Budget of the unchunked run; must hold ``prompt_tokens + n_decoders``.
+    window_s : float
+        Seconds of timeline kept before the arrival and after the newcomer's first token.
+    **scene
+        Passed to :func:`prefill_arrival` (``n_decoders``, ``decoder_context``, ``prompt_tokens``, ...).
+
+    Returns
+    -------
+    points : DataFrame
+        One row per run: ``config`` ("chunked" or "unchunked"), ``budget`` (tokens), ``log2_budget``, the measures of
+        :func:`arrival_measures` (seconds) and ``arrival_s``.
+    timeline : DataFrame
+        :func:`arrival_measures`' timelines with ``config``, ``budget`` and ``log2_budget`` columns.
+    """
+    need = scene.get("prompt_tokens", 8000) + scene.get("n_decoders", 128)
+    if unchunked_budget < need:
+        raise ValueError(f"unchunked_budget must hold the prompt and the decodes ({need} tokens)")
+    runs = [("chunked", int(b), {}) for b in budgets]
+    runs.append(("unchunked", int(unchunked_budget), {"enable_chunked_prefill": False}))
+    points, lines = [], []
+    for config, budget, extra in runs:
+        res, arrival = prefill_arrival(cost, max_num_batched_tokens=budget, **extra, **scene)
+        measures, timeline = arrival_measures(res, arrival, window_s)
+        log2 = float(np.log2(budget))  # sliders walk powers of two evenly in log2
+        points.append({"config": config, "budget": budget, "log2_budget": log2, **measures, "arrival_s": arrival})
+        lines.append(timeline.assign(config=config, budget=budget, log2_budget=log2))
+    return pd.DataFrame(points), pd.concat(lines, ignore_index=True)
+
+
+class HyperbolaFit(NamedTuple):
+    """(ITL_max - t_d)(TTFT - N alpha) = N alpha t_d, fitted to chunked-prefill runs (notebook 06)."""
+
+    alpha_s: float  # s per prompt token: the marginal prefill time
+    t_d_s: float  # s: the decode step the chunks ride on
+    prompt_tokens: int  # N
+    max_residual: float  # largest |N alpha / TTFT + t_d / ITL_max - 1| over the fitted points
+    max_ttft_error: float  # largest |TTFT from the hyperbola at a point's ITL_max / its TTFT - 1|
+
+    def ttft_s(self, itl_max_s):
+        """TTFT (s) the hyperbola gives for a worst ITL (s) above t_d."""
+        n_alpha = self.prompt_tokens * self.alpha_s
+        return n_alpha * np.asarray(itl_max_s) / (np.asarray(itl_max_s) - self.t_d_s)
+
+    def curve(self, itl_lo_s: float, itl_hi_s: float, n: int = 60) -> pd.DataFrame:
+        """``itl_max_s`` and ``ttft_s`` along the hyperbola, log-spaced ITLs from lo to hi (lo > t_d)."""
+        itl = np.geomspace(itl_lo_s, itl_hi_s, n)
+        return pd.DataFrame({"itl_max_s": itl, "ttft_s": self.ttft_s(itl)})
+
+
+def fit_chunk_hyperbola(itl_max_s, ttft_s, prompt_tokens: int) -> HyperbolaFit:
+    """Least-squares fit of alpha and t_d to (ITL_max, TTFT) pairs (seconds) of one prompt of N tokens.
+
+    With chunks of c tokens each step takes t_d + c alpha, so ITL_max = t_d + c alpha and
+    TTFT = (N / c)(t_d + c alpha). Then N alpha / TTFT + t_d / ITL_max = c alpha / step + t_d / step = 1 for
+    every c: an equation linear in (N alpha, t_d), solved by ordinary least squares over the points.
+    """
+    u, v = np.asarray(itl_max_s, dtype=float), np.asarray(ttft_s, dtype=float)
+    if u.shape != v.shape or u.size < 2 or (u <= 0).any() or (v <= 0).any():
+        raise ValueError("need at least two positive (itl_max_s, ttft_s) pairs of one shape")
+    design = np.column_stack([1 / v, 1 / u])
+    (n_alpha, t_d), *_ = np.linalg.lstsq(design, np.ones(u.size), rcond=None)
+    residual = float(np.abs(design @ np.array([n_alpha, t_d]) - 1).max())
+    fit = HyperbolaFit(float(n_alpha / prompt_tokens), float(t_d), int(prompt_tokens), residual, np.nan)
+    return fit._replace(max_ttft_error=float(np.abs(fit.ttft_s(u) / v - 1).max()))
+
+
+# --- 07_piggybacking ---
+from .workload import preset  # noqa: E402  (kept in this section: several notebooks append to this file)
+
+STEP_KINDS = ("decode", "mixed", "prefill")
+MIXING_POLICIES = {  # label -> (policy, knobs): three ways to combine prompts with the decodes of a batch
+    "chunked: prompt chunks mixed in (vLLM V1)": ("chunked", {}),
+    "whole prompts mixed in (Orca)": ("continuous", {}),
+    "prefill-only steps (vLLM V0)": ("continuous", {"prefill_only_steps": True}),
+}
+
+
+def step_kinds(steps: pd.DataFrame) -> np.ndarray:
+    """Kind of each iteration: "decode" (no prompt tokens), "prefill" (no decodes) or "mixed" (both)."""
+    prefill, decode = steps["prefill_tokens"].to_numpy() > 0, steps["decode_seqs"].to_numpy() > 0
+    return np.where(prefill & decode, "mixed", np.where(prefill, "prefill", "decode"))
+
+
+def step_utilisation(runs: dict, window_s=None) -> pd.DataFrame:
+    """Per-iteration compute and bandwidth utilisation of labelled runs (notebook 07).
+
+    Parameters
+    ----------
+    runs : dict of label -> SimResult
+    window_s : (float, float), optional
+        Keep steps starting in this interval of seconds (default: every step).
+
+    Returns
+    -------
+    DataFrame
+        ``run``, ``kind`` (:func:`step_kinds`), ``start_s``, ``duration_s``, ``prefill_tokens``, ``decode_seqs``,
+        ``compute_util`` and ``bandwidth_util`` (shares of peak FLOP/s and HBM bytes/s over the step),
+        ``intensity`` (FLOP per HBM byte) and ``flops_per_s`` (achieved).
+    """
+    parts = []
+    for label, res in runs.items():
+        s = res.steps.assign(run=label, kind=step_kinds(res.steps))
+        if window_s is not None:
+            s = s[(s["start_s"] >= window_s[0]) & (s["start_s"] < window_s[1])]
+        parts.append(s.assign(intensity=s["flops"] / s["hbm_bytes"], flops_per_s=s["flops"] / s["duration_s"]))
+    cols = ["run", "kind", "start_s", "duration_s", "prefill_tokens", "decode_seqs", "compute_util",
+            "bandwidth_util", "intensity", "flops_per_s"]
+    return pd.concat(parts, ignore_index=True)[cols]
+
+
+def roofline_ceiling(cost, intensities) -> pd.DataFrame:
+    """The hardware roofline min(F, I * BW) at 100 % of peak: ``intensity`` (FLOP/byte), ``flops_per_s``."""
+    i = np.asarray(intensities, dtype=float)
+    return pd.DataFrame({"intensity": i, "flops_per_s": np.minimum(cost.peak_flops, i * cost.hardware.hbm_bytes_per_s)})
+
+
+def budget_split(requests, cost, budgets, *, bin_s: float = 1.0, **knobs) -> pd.DataFrame:
+    """How each iteration's token budget goes to prompt chunks and to decodes, over a run (notebook 07).
+
+    Runs ``policy="chunked"`` once per ``max_num_batched_tokens`` in ``budgets`` and averages, in bins of
+    ``bin_s`` seconds, the prompt tokens and the decode tokens (one per decoding sequence) per step.
+
+    Returns
+    -------
+    DataFrame
+        ``budget``, ``log2_budget``, ``time_s`` (bin start, s), ``kind`` ("prefill" or "decode"), ``tokens_per_step`` and
+        ``steps`` (iterations in the bin).
+    """
+    parts = []
+    for budget in budgets:
+        s = simulate(requests, "chunked", cost, max_num_batched_tokens=int(budget), **knobs).steps
+        b = (s["start_s"] // bin_s) * bin_s
+        per_bin = s.groupby(b).agg(prefill=("prefill_tokens", "mean"), decode=("decode_seqs", "mean"),
+                                   steps=("duration_s", "size")).rename_axis("time_s").reset_index()
+        long = per_bin.melt(id_vars=["time_s", "steps"], value_vars=["prefill", "decode"], var_name="kind",
+                            value_name="tokens_per_step")
+        parts.append(long.assign(budget=int(budget), log2_budget=float(np.log2(budget))))
+    return pd.concat(parts, ignore_index=True)[["budget", "log2_budget", "time_s", "kind", "tokens_per_step", "steps"]]
+
+
+def mixing_comparison(preset_name: str, n: int, rates, cost, *, budget: int = 2048, seed=0,
+                      policies=None) -> pd.DataFrame:
+    """Throughput and latency with and without mixed steps, over offered load (notebook 07).
+
+    Every rate replays the same ``n`` request lengths of :func:`batchlab.preset` (one ``seed``: lengths are
+    drawn before arrivals), so runs differ only by their arrival rate and policy.
+
+    Parameters
+    ----------
+    preset_name : str
+        A real-trace preset, e.g. ``"azure-conv-2023"``.
+    n : int
+        Requests per run.
+    rates : sequence of float
+        Offered arrival rates (requests/s; ``inf`` = all at time 0).
+    cost : CostModel
+    budget : int
+        ``max_num_batched_tokens`` of the chunked policy.
+    policies : dict, optional
+        Label -> (policy, knobs); default :data:`MIXING_POLICIES`.
+
+    Returns
+    -------
+    DataFrame
+        One row per rate and policy: ``rate``, ``policy`` (label) and every ``summary()`` key.
+    """
+    rows = []
+    for rate in rates:
+        stream = preset(preset_name, n, rate=float(rate), seed=seed)
+        for label, (policy, knobs) in (policies or MIXING_POLICIES).items():
+            extra = {"max_num_batched_tokens": budget} if policy == "chunked" else {}
+            res = simulate(stream, policy, cost, **knobs, **extra)
+            rows.append({"rate": float(rate), "policy": label, **res.summary()})
+    return pd.DataFrame(rows)

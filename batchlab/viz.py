@@ -397,3 +397,151 @@ def frontier_chart(df: pd.DataFrame, x: str = "output_throughput", y: str = "p99
         layers.append(alt.Chart(front).mark_line(color="black", strokeDash=[2, 2]).encode(x=f"{x}:Q", y=f"{y}:Q"))
     chart = alt.layer(*layers)
     return chart.add_params(param) if param is not None else chart
+
+
+# --- 06_chunked_prefill ---
+def chunking_chart(points: pd.DataFrame, timeline: pd.DataFrame, curve: pd.DataFrame, value: int = 2048):
+    """The chunked-prefill trade: worst decoder ITL against the newcomer's TTFT, and the ITL timeline (notebook 06).
+
+    Parameters
+    ----------
+    points : DataFrame
+        :func:`batchlab.experiments.chunk_budget_sweep` points: ``config`` ("chunked"/"unchunked"), ``budget``
+        (tokens), ``log2_budget`` (evenly spaced over the chunked rows), ``itl_max_s``, ``ttft_s`` (s).
+    timeline : DataFrame
+        Its timelines: ``config``, ``budget``, ``log2_budget``, ``time_s`` (s since the arrival), ``itl_s``.
+    curve : DataFrame
+        ``itl_max_s`` and ``ttft_s`` along the fitted hyperbola (``HyperbolaFit.curve``).
+    value : int
+        Budget selected at first.
+
+    Returns
+    -------
+    altair chart; the slider picks the budget (as log2) and the checkbox turns chunking off, which moves the
+    ring on the trade-off curve and redraws the timeline.
+    """
+    chunked = points[points["config"] == "chunked"]
+    budget, at_budget = grid_param("log2_budget", chunked["log2_budget"], "max_num_batched_tokens = 2^",
+                                   value=float(np.log2(value)))
+    toggle = alt.param(name="chunking", value=True, bind=alt.binding_checkbox(name="chunked prefill "))
+    chosen = f"chunking ? (datum.config == 'chunked' && {at_budget}) : datum.config == 'unchunked'"
+    ms = {"itl_ms": "datum.itl_max_s * 1000", "ttft_ms": "datum.ttft_s * 1000"}
+    x = alt.X("ttft_ms:Q", title="newcomer's time to first token (ms)", scale=alt.Scale(type="log", nice=False))
+    y = alt.Y("itl_ms:Q", title="decoders' worst inter-token latency (ms)", scale=alt.Scale(type="log", nice=False))
+    tips = ["config:N", "budget:Q", alt.Tooltip("itl_ms:Q", format=".1f"), alt.Tooltip("ttft_ms:Q", format=".0f")]
+    fit = alt.Chart(curve).transform_calculate(**ms).mark_line(color="#999999", strokeDash=[5, 3], strokeWidth=1.5)
+    base = alt.Chart(points).transform_calculate(**ms).encode(x=x, y=y, tooltip=tips)
+    trade = base.transform_filter("datum.config == 'chunked'").mark_line(point=True, color=PALETTE[0])
+    off = base.transform_filter("datum.config == 'unchunked'").mark_point(shape="square", size=90, color=PALETTE[3])
+    names = base.transform_filter("datum.config == 'chunked'").mark_text(align="left", dx=8, dy=-8, fontSize=10
+                                                                         ).encode(text="budget:Q")
+    ring = base.transform_filter(chosen).mark_point(size=300, filled=False, strokeWidth=2, color="black")
+    left = alt.layer(fit.encode(x=x, y=y), trade.encode(order="budget:Q"), off, names, ring).properties(
+        width=300, height=270)
+    return alt.hconcat(left, _chunking_timeline(points, timeline, chosen)).add_params(budget, toggle)
+
+
+def _chunking_timeline(points, timeline, chosen):
+    """Right panel of :func:`chunking_chart`: the decoders' gaps at the chosen run, the first token ruled."""
+    lo, hi = float(timeline["time_s"].min()), float(timeline["time_s"].max())
+    x = alt.X("time_s:Q", title="time since the long prompt arrived (s)", scale=alt.Scale(domain=[lo, hi]))
+    top = float(timeline["itl_s"].max() * 1e3 * 1.08)
+    bars = alt.Chart(timeline).transform_filter(chosen).transform_calculate(itl_ms="datum.itl_s * 1000").mark_bar(
+        width=2.5, color=PALETTE[0]).encode(x=x, y=alt.Y("itl_ms:Q", title="decoders' inter-token latency (ms)",
+                                                         scale=alt.Scale(domain=[0, top])))
+    first = alt.Chart(points).transform_filter(chosen).transform_calculate(
+        label="datum.config == 'chunked' ? 'budget ' + format(datum.budget, ',') + ' tokens: first token'"
+              " : 'chunking off: first token'")
+    rule = first.mark_rule(color=PALETTE[3], strokeDash=[4, 3]).encode(x="ttft_s:Q")
+    text = first.mark_text(align="right", dx=-4, y=8, color=PALETTE[3], fontSize=11).encode(x="ttft_s:Q",
+                                                                                         text="label:N")
+    return alt.layer(bars, rule, text).properties(width=330, height=270)
+
+
+# --- 07_piggybacking ---
+KIND_COLORS = {"decode": PALETTE[0], "mixed": PALETTE[2], "prefill": PALETTE[3]}  # step kinds of notebook 07
+
+
+def _kind_color():
+    return alt.Color("kind:N", title="step", scale=alt.Scale(domain=list(KIND_COLORS), range=list(KIND_COLORS.values())),
+                     legend=alt.Legend(orient="top"))
+
+
+def utilisation_chart(steps: pd.DataFrame, ceiling: pd.DataFrame):
+    """Each iteration's share of peak FLOP/s against its share of HBM bandwidth, and the roofline (notebook 07).
+
+    Parameters
+    ----------
+    steps : DataFrame
+        :func:`batchlab.experiments.step_utilisation`: ``kind``, ``compute_util``, ``bandwidth_util`` (shares),
+        ``intensity`` (FLOP/byte), ``flops_per_s`` and ``run``.
+    ceiling : DataFrame
+        :func:`batchlab.experiments.roofline_ceiling`: ``intensity``, ``flops_per_s``.
+    """
+    tips = ["run:N", "kind:N", "prefill_tokens:Q", "decode_seqs:Q", alt.Tooltip("compute_util:Q", format=".0%"),
+            alt.Tooltip("bandwidth_util:Q", format=".0%")]
+    share = alt.Scale(domain=[0, 1])
+    utils = alt.Chart(steps).mark_circle(size=18, opacity=0.5).encode(
+        x=alt.X("bandwidth_util:Q", title="share of peak memory bandwidth (%)", scale=share, axis=alt.Axis(format="%")),
+        y=alt.Y("compute_util:Q", title="share of peak compute (%)", scale=share, axis=alt.Axis(format="%")),
+        color=_kind_color(), tooltip=tips).properties(width=260, height=260)
+    tflops = "datum.flops_per_s / 1e12"
+    x = alt.X("intensity:Q", title="arithmetic intensity (flop per byte)", scale=alt.Scale(type="log"))
+    y = alt.Y("tflops:Q", title="achieved compute (tflop/s)", scale=alt.Scale(type="log"))
+    dots = alt.Chart(steps).transform_calculate(tflops=tflops).mark_circle(size=18, opacity=0.5).encode(
+        x=x, y=y, color=_kind_color(), tooltip=tips)
+    roof = alt.Chart(ceiling).transform_calculate(tflops=tflops).mark_line(color="#333333", strokeWidth=1).encode(x=x, y=y)
+    return alt.hconcat(utils, alt.layer(roof, dots).properties(width=300, height=260))
+
+
+def budget_split_chart(split: pd.DataFrame, value: int = 2048):
+    """Prompt tokens and decode tokens per iteration over a run, stacked, with a budget slider (notebook 07).
+
+    Parameters
+    ----------
+    split : DataFrame
+        :func:`batchlab.experiments.budget_split`: ``budget``, ``log2_budget`` (evenly spaced), ``time_s``, ``kind``
+        ("prefill"/"decode"), ``tokens_per_step``.
+    value : int
+        Budget selected at first.
+    """
+    param, at = grid_param("log2_budget", split["log2_budget"], "max_num_batched_tokens = 2^",
+                           value=float(np.log2(value)))
+    base = alt.Chart(split).transform_filter(at)
+    area = base.mark_area(interpolate="step-after", opacity=0.85).encode(
+        x=alt.X("time_s:Q", title="time (s)"),
+        y=alt.Y("tokens_per_step:Q", title="tokens per iteration (mean over 1 s)", stack="zero"),
+        color=alt.Color("kind:N", title=None, scale=alt.Scale(domain=["decode", "prefill"],
+                                                              range=[KIND_COLORS["decode"], KIND_COLORS["prefill"]]),
+                        legend=alt.Legend(orient="top")),
+        order=alt.Order("order:Q"), tooltip=["time_s:Q", "kind:N", alt.Tooltip("tokens_per_step:Q", format=".0f")]
+    ).transform_calculate(order="datum.kind == 'decode' ? 0 : 1")
+    rule = base.transform_aggregate(budget="max(budget)").mark_rule(strokeDash=[4, 3], color="#333333").encode(
+        y="budget:Q")
+    text = base.transform_aggregate(budget="max(budget)").transform_calculate(
+        label="'budget ' + format(datum.budget, ',') + ' tokens'").mark_text(
+        align="left", x=4, dy=-7, fontSize=11).encode(y="budget:Q", text="label:N")
+    return alt.layer(area, rule, text).properties(width=560, height=240).add_params(param)
+
+
+def mixing_chart(df: pd.DataFrame, rate: float):
+    """Output throughput and p99 ITL against offered load, one line per policy, the headline load ruled (notebook 07).
+
+    Parameters
+    ----------
+    df : DataFrame
+        :func:`batchlab.experiments.mixing_comparison`: ``rate`` (req/s, finite), ``policy``,
+        ``output_throughput`` (tok/s), ``p99_itl_ms`` (ms).
+    rate : float
+        The offered load the page reads its numbers at (req/s).
+    """
+    color = alt.Color("policy:N", title=None, legend=alt.Legend(orient="bottom", columns=1))
+    x = alt.X("rate:Q", title="offered load (requests/s)")
+    base = alt.Chart(df[np.isfinite(df["rate"])]).encode(x=x, color=color, tooltip=list(df.columns[:2]))
+    mark = alt.Chart(pd.DataFrame({"rate": [rate]})).mark_rule(strokeDash=[4, 3], color="#777777").encode(x=x)
+    tput = alt.layer(base.mark_line(point=True).encode(y=alt.Y("output_throughput:Q", title=title("output_throughput"))),
+                     mark).properties(width=280, height=230)
+    itl = alt.layer(base.mark_line(point=True).encode(y=alt.Y("p99_itl_ms:Q", title="p99 inter-token latency (ms)",
+                                                              scale=alt.Scale(type="log"))),
+                    mark).properties(width=280, height=230)
+    return alt.hconcat(tput, itl)
