@@ -371,3 +371,147 @@ def mixing_comparison(preset_name: str, n: int, rates, cost, *, budget: int = 20
             res = simulate(stream, policy, cost, **knobs, **extra)
             rows.append({"rate": float(rate), "policy": label, **res.summary()})
     return pd.DataFrame(rows)
+
+
+# --- 02_dynamic_batching ---
+def idle_while_waiting_fraction(res) -> float:
+    """Share of a run's duration in which the GPU ran nothing although an arrived request was waiting.
+
+    Lockstep policies idle between batches while a static batch fills up or a dynamic timer runs; an
+    iteration-level server never does, unless the KV pool is full. The oldest request not yet scheduled
+    when an iteration starts is the one that was waiting during the gap before it (every policy here admits
+    oldest first). A preempted request waiting to resume is not counted.
+
+    Parameters
+    ----------
+    res : SimResult
+
+    Returns
+    -------
+    float
+        Dimensionless, in [0, 1]: idle seconds with a request waiting over the run's duration (first arrival
+        to last finish).
+    """
+    req = res.requests[~res.requests["rejected"]]
+    start = res.steps["start_s"].to_numpy()
+    prev_end = np.concatenate([[-np.inf], (start + res.steps["duration_s"].to_numpy())[:-1]])
+    order = np.argsort(req["scheduled_s"].to_numpy(), kind="stable")
+    sched = req["scheduled_s"].to_numpy()[order]
+    oldest = np.minimum.accumulate(req["arrival_s"].to_numpy()[order][::-1])[::-1]  # oldest of those scheduled later
+    k = np.searchsorted(sched, start, side="left")  # first request scheduled at or after each step's start
+    waiting_since = np.where(k < sched.size, oldest[np.minimum(k, sched.size - 1)], np.inf)
+    idle = np.clip(start - np.maximum(prev_end, waiting_since), 0.0, None)
+    duration = req["finish_s"].max() - res.requests["arrival_s"].min()
+    return float(idle.sum() / duration) if duration > 0 else 0.0
+
+
+def full_batch_fraction(res) -> float:
+    """Share of the lockstep batches of a ``static`` or ``dynamic`` run that left with ``batch_size`` rows.
+
+    A dynamic batch leaves full when ``batch_size`` requests queued before its timer fired. NaN for the
+    iteration-level policies, which have no batches to fill.
+    """
+    if res.policy not in ("static", "dynamic"):
+        return float("nan")
+    prefills = res.steps[res.steps["prefill_tokens"] > 0]  # one prefill step opens each lockstep batch
+    return float((prefills["running"] == res.knobs["batch_size"]).mean())
+
+
+LATENCY_COLUMNS = ("mean_e2el_ms", "p99_e2el_ms", "mean_ttft_ms", "p99_ttft_ms")
+
+
+def policy_grid(cost, workload: str, n: int, rates, *, batch_size: int = 32, delays_s=(), seed=0,
+                iteration=("continuous", "chunked")) -> pd.DataFrame:
+    """One real-trace workload under static, dynamic (each delay) and iteration-level batching, at each rate.
+
+    At every rate the stream is ``preset(workload, n, rate, seed)``: the same lengths and the same arrival
+    pattern, compressed or stretched in time (common random numbers), so the rates differ only by load.
+    Iteration-level policies run with vLLM's default ``max_num_seqs`` and ``max_num_batched_tokens`` for
+    the GPU (:func:`batchlab.vllm_defaults`); ``rate = inf`` puts every request at time 0, which measures
+    a policy's saturation throughput as ``vllm bench throughput`` does.
+
+    Parameters
+    ----------
+    cost : CostModel
+    workload : str
+        A :func:`batchlab.preset` name, e.g. ``"azure-conv-2023"``.
+    n : int
+        Requests per stream.
+    rates : sequence of float, or mapping of label -> float
+        Mean arrival rates (requests/s; ``inf`` allowed). A mapping also fills a ``load`` column.
+    batch_size : int
+        Rows per lockstep batch (static, dynamic).
+    delays_s : sequence of float
+        ``max_queue_delay_s`` values for ``dynamic`` (seconds); empty: no dynamic runs.
+    seed : int
+    iteration : sequence of str
+        Iteration-level policies to run (``continuous``, ``chunked``).
+
+    Returns
+    -------
+    DataFrame
+        One row per (rate, policy, delay): ``load`` (with a mapping), ``rate_req_s``, ``policy``,
+        ``max_queue_delay_s`` (NaN except dynamic), :data:`LATENCY_COLUMNS` (ms), ``request_throughput``
+        (req/s), ``output_throughput`` (tok/s), ``gpu_busy_fraction``, ``padding_fraction``,
+        :func:`idle_while_waiting_fraction` and :func:`full_batch_fraction`.
+    """
+    from .sim import vllm_defaults
+    from .workload import preset
+
+    labelled = list(rates.items()) if hasattr(rates, "items") else [(None, r) for r in rates]
+    runs = ([("static", float("nan"), {"batch_size": batch_size})]
+            + [("dynamic", float(d), {"batch_size": batch_size, "max_queue_delay_s": float(d)}) for d in delays_s]
+            + [(p, float("nan"), vllm_defaults(cost.hardware)) for p in iteration])
+    rows = []
+    for label, rate in labelled:
+        stream = preset(workload, n, rate=float(rate), seed=seed)
+        for policy, delay, knobs in runs:
+            res = simulate(stream, policy, cost, **knobs)
+            summ = res.summary()
+            row = {"load": label} if label is not None else {}
+            rows.append(row | {"rate_req_s": float(rate), "policy": policy, "max_queue_delay_s": delay}
+                        | {k: summ[k] for k in LATENCY_COLUMNS + ("request_throughput", "output_throughput",
+                                                                  "gpu_busy_fraction", "padding_fraction")}
+                        | {"idle_while_waiting_fraction": idle_while_waiting_fraction(res),
+                           "full_batch_fraction": full_batch_fraction(res)})
+    return pd.DataFrame(rows)
+
+
+SPIKE_ORDERS = {"mixed step (Orca)": False, "prefill-only step (vLLM V0)": True}
+
+
+def spike_scenarios(scenarios: dict, orders: dict = SPIKE_ORDERS, **kw):
+    """:func:`prefill_spike` for several models and scheduler orders, as tidy frames for one chart (notebook 05).
+
+    Parameters
+    ----------
+    scenarios : dict
+        Label -> (CostModel, n_decoders).
+    orders : dict
+        Label -> ``prefill_only_steps``.
+    **kw
+        Passed to :func:`prefill_spike` (context, newcomer_tokens, seed, ...).
+
+    Returns
+    -------
+    itl : DataFrame
+        Decoder gaps with ``model`` and ``order`` columns, ``time_s`` (s, since the long prompt arrived),
+        ``itl_ms`` and ``sequences``.
+    behind : DataFrame
+        The short requests: ``model``, ``order``, ``arrival_ms`` (after the long prompt), ``run`` ("with the
+        long prompt" or "without it") and ``ttft_ms``.
+    summary : DataFrame
+        One row per model and order: the ``Spike.summary`` keys.
+    spikes : dict
+        (model, order) -> Spike, for anything else a page reads.
+    """
+    spikes = {(m, o): prefill_spike(cost, n_decoders=n, prefill_only_steps=v0, **kw)
+              for m, (cost, n) in scenarios.items() for o, v0 in orders.items()}
+    itl = pd.concat([s.itl.assign(model=m, order=o, itl_ms=s.itl["itl_s"] * 1e3) for (m, o), s in spikes.items()],
+                    ignore_index=True)
+    behind = pd.concat([s.behind.assign(model=m, order=o) for (m, o), s in spikes.items()], ignore_index=True)
+    behind = behind.rename(columns={"ttft_s": "with the long prompt", "ttft_baseline_s": "without it"}).melt(
+        id_vars=["model", "order", "arrival_s"], var_name="run", value_name="ttft_s")
+    behind = behind.assign(arrival_ms=behind["arrival_s"] * 1e3, ttft_ms=behind["ttft_s"] * 1e3)
+    summary = pd.DataFrame([{"model": m, "order": o, **s.summary} for (m, o), s in spikes.items()])
+    return itl.drop(columns="itl_s"), behind.drop(columns=["arrival_s", "ttft_s"]), summary, spikes

@@ -545,3 +545,101 @@ def mixing_chart(df: pd.DataFrame, rate: float):
                                                               scale=alt.Scale(type="log"))),
                     mark).properties(width=280, height=230)
     return alt.hconcat(tput, itl)
+
+
+# --- 02_dynamic_batching ---
+POLICY_COLORS = {"static": "#D55E00", "dynamic": "#0072B2", "continuous": "#009E73", "chunked": "#CC79A7"}
+LATENCY_LABELS = {"mean_e2el_ms": "mean e2el", "p99_e2el_ms": "p99 e2el", "mean_ttft_ms": "mean ttft",
+                  "p99_ttft_ms": "p99 ttft"}
+
+
+def _policy_color(policies):
+    domain = [p for p in POLICY_COLORS if p in set(policies)]
+    return alt.Color("policy:N", title=None, sort=domain, legend=alt.Legend(orient="top"),
+                     scale=alt.Scale(domain=domain, range=[POLICY_COLORS[p] for p in domain]))
+
+
+def latency_frame(runs: pd.DataFrame) -> pd.DataFrame:
+    """:func:`batchlab.experiments.policy_grid` rows as one row per run and latency metric.
+
+    Columns: the run's ``load`` (if any), ``rate_req_s``, ``policy``, ``max_queue_delay_ms`` (NaN except
+    dynamic), ``metric`` (a :data:`LATENCY_LABELS` value such as "p99 e2el") and ``latency_s`` (s).
+    """
+    ids = [c for c in ("load", "rate_req_s", "policy", "max_queue_delay_s") if c in runs]
+    long = runs.melt(id_vars=ids, value_vars=list(LATENCY_LABELS), var_name="metric", value_name="latency_ms")
+    long["metric"] = long["metric"].map(LATENCY_LABELS)
+    long["latency_s"] = long.pop("latency_ms") / 1e3
+    long["max_queue_delay_ms"] = long.pop("max_queue_delay_s") * 1e3
+    return long
+
+
+def queue_delay_chart(runs: pd.DataFrame, facet: str = "load"):
+    """Latency against dynamic batching's max queue delay, static and iteration-level as reference lines (notebook 02).
+
+    Parameters
+    ----------
+    runs : DataFrame
+        :func:`batchlab.experiments.policy_grid` with dynamic runs on an evenly spaced delay grid and a
+        ``facet`` column (one panel per load, ordered by ``rate_req_s``).
+    facet : str
+        Column splitting the panels.
+
+    Returns
+    -------
+    altair chart; a slider over the delay marks and labels the dynamic point in every panel, a select box
+    picks the latency metric (mean or p99, e2el or ttft). Latency is on a log axis.
+    """
+    long = latency_frame(runs)
+    delay, at_delay = grid_param("delay", long["max_queue_delay_ms"].dropna(), "max queue delay (ms)",
+                                 field="max_queue_delay_ms")
+    metric = alt.param(name="metric", value=LATENCY_LABELS["mean_e2el_ms"],
+                       bind=alt.binding_select(options=list(LATENCY_LABELS.values()), name="latency "))
+    x = alt.X("max_queue_delay_ms:Q", title="max queue delay (ms)")
+    y = alt.Y("latency_s:Q", title="latency (s)", scale=alt.Scale(type="log"))
+    color = _policy_color(long["policy"])
+    base = alt.Chart().transform_filter("datum.metric == metric")
+    dyn = base.transform_filter("datum.policy == 'dynamic'")
+    ref = base.transform_filter("datum.policy != 'dynamic'")
+    xmax = float(long["max_queue_delay_ms"].max())
+    picked = dyn.transform_filter(at_delay).transform_calculate(label="format(datum.latency_s, '.3~s') + ' s'")
+    layers = [dyn.mark_line(point=True).encode(x=x, y=y, color=color),
+              ref.mark_rule(strokeDash=[5, 3]).encode(y=y, color=color),
+              # continuous and chunked often coincide: one label under its line on the left, the others above
+              ref.transform_filter("datum.policy == 'continuous'").mark_text(align="left", baseline="top", dy=3)
+              .encode(x=alt.datum(0.0), y=y, color=color, text="policy:N"),
+              ref.transform_filter("datum.policy != 'continuous'").mark_text(align="right", baseline="bottom", dy=-2)
+              .encode(x=alt.datum(xmax), y=y, color=color, text="policy:N"),
+              picked.mark_point(size=180, color="black", filled=False).encode(x=x, y=y),
+              picked.transform_filter(f"datum.max_queue_delay_ms <= {xmax / 2}").mark_text(
+                  align="left", dx=9, dy=-9, fontWeight="bold").encode(x=x, y=y, text="label:N"),
+              picked.transform_filter(f"datum.max_queue_delay_ms > {xmax / 2}").mark_text(
+                  align="right", dx=-9, dy=-9, fontWeight="bold").encode(x=x, y=y, text="label:N")]
+    panels = alt.layer(*layers, data=long).properties(width=300, height=260)
+    order = runs.groupby(facet)["rate_req_s"].min().sort_values().index.tolist()
+    return panels.facet(column=alt.Column(f"{facet}:N", title=None, sort=order)).resolve_scale(
+        y="independent").add_params(delay, metric)
+
+
+def load_sweep_chart(runs: pd.DataFrame, capacities: pd.DataFrame, metric: str = "mean_e2el_ms"):
+    """Latency against offered load for each policy, log-log, the policies' saturation throughputs as rules (notebook 02).
+
+    Parameters
+    ----------
+    runs : DataFrame
+        :func:`batchlab.experiments.policy_grid` over several rates (at most one delay for dynamic).
+    capacities : DataFrame
+        ``rate_req_s`` (req/s) and ``label`` of each vertical rule, e.g. each policy's saturation throughput.
+    metric : str
+        A latency column of ``runs`` (ms); plotted in seconds.
+    """
+    df = runs.assign(latency_s=runs[metric] / 1e3)
+    x = alt.X("rate_req_s:Q", title="offered load (req/s)", scale=alt.Scale(type="log", nice=False))
+    lines = alt.Chart(df).mark_line(point=True).encode(
+        x=x, y=alt.Y("latency_s:Q", title=f"{LATENCY_LABELS.get(metric, title(metric))} (s)",
+                     scale=alt.Scale(type="log")),
+        color=_policy_color(df["policy"]), tooltip=["policy:N", alt.Tooltip("rate_req_s:Q", format=".3~g"),
+                                                    alt.Tooltip("latency_s:Q", format=".3~g")])
+    rules = alt.Chart(capacities).mark_rule(color="#888888", strokeDash=[2, 2]).encode(x="rate_req_s:Q")
+    text = alt.Chart(capacities).mark_text(align="right", angle=270, baseline="bottom", dx=-4, color="#555555",
+                                           y=0).encode(x="rate_req_s:Q", text="label:N")
+    return alt.layer(lines, rules, text).properties(width=460, height=280)

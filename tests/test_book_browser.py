@@ -32,6 +32,7 @@ CHART = "div[id^=batchlab-chart-]"
 # Later: "notebooks/04_step_time_roofline": 1, "notebooks/06_chunked_prefill": 1, "notebooks/08_two_knobs": 1.
 SLIDER_PAGES = {
     "notebooks/01_static_batching": 1,
+    "notebooks/02_dynamic_batching": 1,  # max queue delay (the latency metric is a select box)
 }
 
 
