@@ -515,3 +515,66 @@ def spike_scenarios(scenarios: dict, orders: dict = SPIKE_ORDERS, **kw):
     behind = behind.assign(arrival_ms=behind["arrival_s"] * 1e3, ttft_ms=behind["ttft_s"] * 1e3)
     summary = pd.DataFrame([{"model": m, "order": o, **s.summary} for (m, o), s in spikes.items()])
     return itl.drop(columns="itl_s"), behind.drop(columns=["arrival_s", "ttft_s"]), summary, spikes
+
+
+# --- 03_continuous_batching ---
+def tokens_per_step(res) -> np.ndarray:
+    """Output tokens each iteration of ``res`` emitted: the rows that did useful work in it (int array).
+
+    A token's emission time is exactly its iteration's end (``start_s + duration_s``), so this counts
+    equal times. In a lockstep batch, rows that have finished keep running (held) but emit nothing.
+    """
+    tokens = np.sort(res.token_times_flat[np.isfinite(res.token_times_flat)])
+    end = (res.steps["start_s"] + res.steps["duration_s"]).to_numpy()
+    return np.searchsorted(tokens, end, side="right") - np.searchsorted(tokens, end, side="left")
+
+
+def timeline_runs(cost, requests, *, slots: int = 4, max_queue_delay_s: float = 0.05) -> dict:
+    """One request stream under static, dynamic and continuous batching with the same number of slots.
+
+    ``slots`` is the batch size of the lockstep policies and ``max_num_seqs`` of continuous batching, so
+    the three differ only in when a slot can change hands. Returns ``{policy: SimResult}``.
+    """
+    knobs = {"static": {"batch_size": slots},
+             "dynamic": {"batch_size": slots, "max_queue_delay_s": max_queue_delay_s},
+             "continuous": {"max_num_seqs": slots}}
+    return {policy: simulate(requests, policy, cost, **kw) for policy, kw in knobs.items()}
+
+
+def timeline_summary(runs: dict) -> pd.DataFrame:
+    """Per run of :func:`timeline_runs`: when the stream ends and how well the slots were used.
+
+    Columns: ``policy``, ``last_finish_s`` (s, the last request's last token), ``mean_e2el_s`` and
+    ``mean_ttft_s`` (s), ``mean_generating`` (rows producing a token, averaged over the time from the first
+    arrival to the last finish, idle time counting as zero), ``held_share`` (share of occupied slot-time
+    held by rows that had already finished) and ``iterations``.
+    """
+    rows = []
+    for policy, res in runs.items():
+        req, steps = res.requests, res.steps
+        span = req["finish_s"].max() - req["arrival_s"].min()
+        gen = tokens_per_step(res)
+        slot_time = float((steps["running"] * steps["duration_s"]).sum())
+        rows.append({"policy": policy, "last_finish_s": float(req["finish_s"].max()),
+                     "mean_e2el_s": float(req["e2el_s"].mean()), "mean_ttft_s": float(req["ttft_s"].mean()),
+                     "mean_generating": float((gen * steps["duration_s"]).sum() / span),
+                     "held_share": 1.0 - float((gen * steps["duration_s"]).sum()) / slot_time,
+                     "iterations": len(steps)})
+    return pd.DataFrame(rows)
+
+
+def last_finish_by_seed(cost, workload: str, n: int, rate: float, seeds, *, slots: int = 4,
+                        max_queue_delay_s: float = 0.05) -> pd.DataFrame:
+    """When the last request of ``preset(workload, n, rate, seed)`` ends under each policy, for many seeds.
+
+    Checks that one stream's picture is not a lucky draw: one row per seed, one column per policy of
+    :func:`timeline_runs` (the last finish in seconds), indexed by ``seed``.
+    """
+    from .workload import preset
+
+    rows = {}
+    for seed in seeds:
+        runs = timeline_runs(cost, preset(workload, n, rate=rate, seed=int(seed)), slots=slots,
+                             max_queue_delay_s=max_queue_delay_s)
+        rows[int(seed)] = {p: float(r.requests["finish_s"].max()) for p, r in runs.items()}
+    return pd.DataFrame.from_dict(rows, orient="index").rename_axis("seed")

@@ -282,7 +282,7 @@ def padding_chart(summary: pd.DataFrame, batches: pd.DataFrame | None = None, cv
     return alt.hconcat(curves, rows).resolve_scale(color="independent").add_params(param)
 
 
-def gantt_chart(df: pd.DataFrame, facet: str = "policy"):
+def gantt_chart(df: pd.DataFrame, facet: str = "policy", highlight: bool = False, last_end: bool = False):
     """One row per request, bars for its waiting, prefill, decode and held phases; one panel per ``facet``.
 
     Parameters
@@ -292,7 +292,13 @@ def gantt_chart(df: pd.DataFrame, facet: str = "policy"):
         ``end_s`` (seconds) and the ``facet`` column.
     facet : str
         Column that splits the panels (one per policy); ignored when absent.
+    highlight : bool
+        Add a slider over the request ids that dims every other request (-1: none dimmed).
+    last_end : bool
+        Mark when each panel's last request ends (a rule and its time), the panels sharing the time axis.
     """
+    if highlight or last_end:
+        return _gantt_layers(df, facet, highlight, last_end)
     bars = alt.Chart(df).mark_bar().encode(
         x=alt.X("start_s:Q", title="time (s)"), x2="end_s:Q",
         y=alt.Y("request:O", title="request"),
@@ -643,3 +649,79 @@ def load_sweep_chart(runs: pd.DataFrame, capacities: pd.DataFrame, metric: str =
     text = alt.Chart(capacities).mark_text(align="right", angle=270, baseline="bottom", dx=-4, color="#555555",
                                            y=0).encode(x="rate_req_s:Q", text="label:N")
     return alt.layer(lines, rules, text).properties(width=460, height=280)
+
+
+# --- 03_continuous_batching ---
+def _gantt_layers(df: pd.DataFrame, facet: str, highlight: bool, last_end: bool):
+    """:func:`gantt_chart` with a request-highlight slider and/or the last end of each panel marked."""
+    enc = dict(x=alt.X("start_s:Q", title="time (s)"), x2="end_s:Q", y=alt.Y("request:O", title="request"),
+               color=alt.Color("phase:N", title=None, legend=alt.Legend(orient="top"),
+                               scale=alt.Scale(domain=list(PHASES), range=list(PHASE_COLORS))),
+               tooltip=["request:O", "phase:N", alt.Tooltip("start_s:Q", format=".3f"),
+                        alt.Tooltip("end_s:Q", format=".3f")])
+    params = []
+    if highlight:
+        ids = np.unique(df["request"])
+        param, _ = grid_param("request", np.arange(-1, ids.max() + 1), "highlight request (-1: none)", value=-1)
+        enc["opacity"] = alt.when("request < 0 || datum.request == request").then(alt.value(1.0)).otherwise(
+            alt.value(0.2))
+        params.append(param)
+    layers = [alt.Chart().mark_bar().encode(**enc)]
+    if last_end:
+        last = alt.Chart().transform_aggregate(last_s="max(end_s)")
+        layers += [last.mark_rule(color="black", strokeDash=[4, 3]).encode(x="last_s:Q"),
+                   last.transform_calculate(label="'last request ends at ' + format(datum.last_s, '.2f') + ' s'")
+                   .mark_text(align="right", baseline="top", dx=-4, y=2).encode(x="last_s:Q", text="label:N")]
+    chart = alt.layer(*layers, data=df)
+    if facet in df.columns:
+        chart = chart.properties(width=520, height=alt.Step(12)).facet(row=alt.Row(f"{facet}:N", title=None,
+                                                                                   sort=list(pd.unique(df[facet]))))
+    return chart.add_params(*params) if params else chart
+
+
+def occupancy_frame(res, label: str | None = None) -> pd.DataFrame:
+    """Batch occupancy over time as step functions: slots held and rows that produced a token.
+
+    One row per change: ``time_s`` (s), ``measure`` ("slots held": ``steps.running``, rows of a lockstep
+    batch that finished included; "rows generating": rows whose token came out of that iteration) and
+    ``rows``, and ``policy`` (``label``, default the run's policy). Idle gaps between iterations are zeros.
+    """
+    from .experiments import tokens_per_step
+
+    steps = res.steps
+    start = steps["start_s"].to_numpy()
+    end = start + steps["duration_s"].to_numpy()
+    held, gen = steps["running"].to_numpy(), tokens_per_step(res)
+    gap = np.append(start[1:] > end[:-1], True)  # idle after this iteration (and after the last one)
+    t = np.concatenate([start, end[gap]])
+    h = np.concatenate([held, np.zeros(gap.sum(), held.dtype)])
+    g = np.concatenate([gen, np.zeros(gap.sum(), gen.dtype)])
+    order = np.argsort(t, kind="stable")
+    t, h, g = t[order], h[order], g[order]
+    change = np.ones(t.size, bool)
+    change[1:] = (h[1:] != h[:-1]) | (g[1:] != g[:-1])
+    change[-1] = True
+    wide = pd.DataFrame({"time_s": t[change], "slots held": h[change], "rows generating": g[change]})
+    long = wide.melt(id_vars="time_s", var_name="measure", value_name="rows")
+    return long.assign(policy=label or res.policy)
+
+
+def occupancy_panels_chart(df: pd.DataFrame, facet: str = "policy"):
+    """Slots held (line) and rows generating a token (area) over time, one panel per ``facet`` (notebook 03).
+
+    Parameters
+    ----------
+    df : DataFrame
+        :func:`occupancy_frame` of one or more runs, concatenated.
+    facet : str
+        Column splitting the panels.
+    """
+    x = alt.X("time_s:Q", title="time (s)")
+    color = alt.Color("measure:N", title=None, legend=alt.Legend(orient="top"),
+                      scale=alt.Scale(domain=["slots held", "rows generating"], range=["#CC79A7", "#0072B2"]))
+    area = alt.Chart().transform_filter("datum.measure == 'rows generating'").mark_area(
+        interpolate="step-after", opacity=0.45).encode(x=x, y=alt.Y("rows:Q", title="sequences"), color=color)
+    line = alt.Chart().transform_filter("datum.measure == 'slots held'").mark_line(
+        interpolate="step-after", strokeWidth=1.5).encode(x=x, y="rows:Q", color=color)
+    return alt.layer(area, line, data=df).properties(width=520, height=70).facet(
+        row=alt.Row(f"{facet}:N", title=None, sort=list(pd.unique(df[facet]))))

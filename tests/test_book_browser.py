@@ -33,6 +33,7 @@ CHART = "div[id^=batchlab-chart-]"
 SLIDER_PAGES = {
     "notebooks/01_static_batching": 1,
     "notebooks/02_dynamic_batching": 1,  # max queue delay (the latency metric is a select box)
+    "notebooks/03_continuous_batching": 1,  # the highlighted request
 }
 
 
