@@ -580,7 +580,7 @@ def latency_frame(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def queue_delay_chart(runs: pd.DataFrame, facet: str = "load"):
-    """Latency against dynamic batching's max queue delay, static and iteration-level as reference lines (notebook 02).
+    """Latency against dynamic batching's max queue delay, other policies as reference lines (notebook 02).
 
     Parameters
     ----------
@@ -601,7 +601,9 @@ def queue_delay_chart(runs: pd.DataFrame, facet: str = "load"):
     metric = alt.param(name="metric", value=LATENCY_LABELS["mean_e2el_ms"],
                        bind=alt.binding_select(options=list(LATENCY_LABELS.values()), name="latency "))
     x = alt.X("max_queue_delay_ms:Q", title="max queue delay (ms)")
-    y = alt.Y("latency_s:Q", title="latency (s)", scale=alt.Scale(type="log"))
+    # Fixed label room: switching the metric changes the tick labels, and must not shift the layout.
+    y = alt.Y("latency_s:Q", title="latency (s)", scale=alt.Scale(type="log"),
+              axis=alt.Axis(minExtent=40, maxExtent=40))
     color = _policy_color(long["policy"])
     base = alt.Chart().transform_filter("datum.metric == metric")
     dyn = base.transform_filter("datum.policy == 'dynamic'")
@@ -620,14 +622,14 @@ def queue_delay_chart(runs: pd.DataFrame, facet: str = "load"):
                   align="left", dx=9, dy=-9, fontWeight="bold").encode(x=x, y=y, text="label:N"),
               picked.transform_filter(f"datum.max_queue_delay_ms > {xmax / 2}").mark_text(
                   align="right", dx=-9, dy=-9, fontWeight="bold").encode(x=x, y=y, text="label:N")]
-    panels = alt.layer(*layers, data=long).properties(width=300, height=260)
+    panels = alt.layer(*layers, data=long).properties(width=235, height=260)
     order = runs.groupby(facet)["rate_req_s"].min().sort_values().index.tolist()
     return panels.facet(column=alt.Column(f"{facet}:N", title=None, sort=order)).resolve_scale(
         y="independent").add_params(delay, metric)
 
 
 def load_sweep_chart(runs: pd.DataFrame, capacities: pd.DataFrame, metric: str = "mean_e2el_ms"):
-    """Latency against offered load for each policy, log-log, the policies' saturation throughputs as rules (notebook 02).
+    """Latency against offered load per policy on log-log axes, saturation throughputs as rules (notebook 02).
 
     Parameters
     ----------
@@ -639,7 +641,9 @@ def load_sweep_chart(runs: pd.DataFrame, capacities: pd.DataFrame, metric: str =
         A latency column of ``runs`` (ms); plotted in seconds.
     """
     df = runs.assign(latency_s=runs[metric] / 1e3)
-    x = alt.X("rate_req_s:Q", title="offered load (req/s)", scale=alt.Scale(type="log", nice=False))
+    lo, hi = df["rate_req_s"].min(), max(df["rate_req_s"].max(), capacities["rate_req_s"].max())
+    x = alt.X("rate_req_s:Q", title="offered load (req/s)",
+              scale=alt.Scale(type="log", nice=False, domain=[0.8 * lo, 1.3 * hi]))
     lines = alt.Chart(df).mark_line(point=True).encode(
         x=x, y=alt.Y("latency_s:Q", title=f"{LATENCY_LABELS.get(metric, title(metric))} (s)",
                      scale=alt.Scale(type="log")),
