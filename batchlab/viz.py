@@ -601,8 +601,9 @@ def queue_delay_chart(runs: pd.DataFrame, facet: str = "load"):
     metric = alt.param(name="metric", value=LATENCY_LABELS["mean_e2el_ms"],
                        bind=alt.binding_select(options=list(LATENCY_LABELS.values()), name="latency "))
     x = alt.X("max_queue_delay_ms:Q", title="max queue delay (ms)")
-    # Fixed label room: switching the metric changes the tick labels, and must not shift the layout.
-    y = alt.Y("latency_s:Q", title="latency (s)", scale=alt.Scale(type="log"),
+    # Fixed label room and 16 px of padding: switching the metric changes the tick labels and moves the lowest
+    # line's label (drawn under it) to the bottom; neither may grow the chart past its container.
+    y = alt.Y("latency_s:Q", title="latency (s)", scale=alt.Scale(type="log", padding=16),
               axis=alt.Axis(minExtent=40, maxExtent=40))
     color = _policy_color(long["policy"])
     base = alt.Chart().transform_filter("datum.metric == metric")
