@@ -23,13 +23,13 @@ book: $(VENV)/.installed
 	@echo "The book is in $(CURDIR)/_build/html/index.html"
 
 unit: $(VENV)/.installed
-	$(PY) -m pytest -q tests --ignore=tests/test_book_browser.py
+	$(PY) -m pytest -q tests --ignore=tests/test_book_browser.py --ignore=tests/test_jupyterlab_live.py
 
 nbval: $(VENV)/.installed
 	$(PY) -m pytest -q --nbval-lax --nbval-current-env --nbval-cell-timeout=300 -p no:randomly notebooks
 
 browser: book
-	$(PY) -m pytest -q tests/test_book_browser.py
+	$(PY) -m pytest -q tests/test_book_browser.py tests/test_jupyterlab_live.py
 
 test: unit nbval browser
 
