@@ -406,6 +406,16 @@ def frontier_chart(df: pd.DataFrame, x: str = "output_throughput", y: str = "p99
 
 
 # --- 06_chunked_prefill ---
+def log_ticks(values, scale: float = 1.0) -> list[float]:
+    """Tick values 1, 2, 3, 5 x 10^k spanning ``values * scale``: log axes otherwise crowd their labels."""
+    v = np.asarray(values, dtype=float) * scale
+    v = v[np.isfinite(v) & (v > 0)]
+    lo, hi = np.floor(np.log10(v.min())), np.ceil(np.log10(v.max()))
+    ticks = [m * 10.0 ** k for k in np.arange(lo, hi + 1) for m in (1, 2, 3, 5)]
+    inside = [t for t in ticks if v.min() / 1.5 <= t <= v.max() * 1.5]
+    return [int(round(t)) if t >= 1 else float(f"{t:.12g}") for t in inside]
+
+
 def chunking_chart(points: pd.DataFrame, timeline: pd.DataFrame, curve: pd.DataFrame, value: int = 2048):
     """The chunked-prefill trade: worst decoder ITL against the newcomer's TTFT, and the ITL timeline (notebook 06).
 
@@ -432,8 +442,10 @@ def chunking_chart(points: pd.DataFrame, timeline: pd.DataFrame, curve: pd.DataF
     toggle = alt.param(name="chunking", value=True, bind=alt.binding_checkbox(name="chunked prefill "))
     chosen = f"chunking ? (datum.config == 'chunked' && {at_budget}) : datum.config == 'unchunked'"
     ms = {"itl_ms": "datum.itl_max_s * 1000", "ttft_ms": "datum.ttft_s * 1000"}
-    x = alt.X("ttft_ms:Q", title="newcomer's time to first token (ms)", scale=alt.Scale(type="log", nice=False))
-    y = alt.Y("itl_ms:Q", title="decoders' worst inter-token latency (ms)", scale=alt.Scale(type="log", nice=False))
+    x = alt.X("ttft_ms:Q", title="newcomer's time to first token (ms)", scale=alt.Scale(type="log", nice=False),
+              axis=alt.Axis(values=log_ticks(points["ttft_s"] * 1e3), format=","))
+    y = alt.Y("itl_ms:Q", title="decoders' worst inter-token latency (ms)", scale=alt.Scale(type="log", nice=False),
+              axis=alt.Axis(values=log_ticks(points["itl_max_s"] * 1e3), format=","))
     tips = ["config:N", "budget:Q", alt.Tooltip("itl_ms:Q", format=".1f"), alt.Tooltip("ttft_ms:Q", format=".0f")]
     fit = alt.Chart(curve).transform_calculate(**ms).mark_line(color="#999999", strokeDash=[5, 3], strokeWidth=1.5)
     base = alt.Chart(points).transform_calculate(**ms).encode(x=x, y=y, tooltip=tips)
@@ -443,12 +455,12 @@ def chunking_chart(points: pd.DataFrame, timeline: pd.DataFrame, curve: pd.DataF
                                                                          ).encode(text="budget:Q")
     ring = base.transform_filter(chosen).mark_point(size=300, filled=False, strokeWidth=2, color="black")
     left = alt.layer(fit.encode(x=x, y=y), trade.encode(order="budget:Q"), off, names, ring).properties(
-        width=300, height=270)
-    return alt.hconcat(left, _chunking_timeline(points, timeline, chosen)).add_params(budget, toggle)
+        width=440, height=250)
+    return alt.vconcat(left, _chunking_timeline(points, timeline, chosen)).add_params(budget, toggle)
 
 
 def _chunking_timeline(points, timeline, chosen):
-    """Right panel of :func:`chunking_chart`: the decoders' gaps at the chosen run, the first token ruled."""
+    """Lower panel of :func:`chunking_chart`: the decoders' gaps at the chosen run, the first token ruled."""
     lo, hi = float(timeline["time_s"].min()), float(timeline["time_s"].max())
     x = alt.X("time_s:Q", title="time since the long prompt arrived (s)", scale=alt.Scale(domain=[lo, hi]))
     top = float(timeline["itl_s"].max() * 1e3 * 1.08)
@@ -456,12 +468,12 @@ def _chunking_timeline(points, timeline, chosen):
         width=2.5, color=PALETTE[0]).encode(x=x, y=alt.Y("itl_ms:Q", title="decoders' inter-token latency (ms)",
                                                          scale=alt.Scale(domain=[0, top])))
     first = alt.Chart(points).transform_filter(chosen).transform_calculate(
-        label="datum.config == 'chunked' ? 'budget ' + format(datum.budget, ',') + ' tokens: first token'"
-              " : 'chunking off: first token'")
+        label="(datum.config == 'chunked' ? 'budget ' + format(datum.budget, ',') + ' tokens' : 'chunking off')"
+              " + ': first token after ' + format(datum.ttft_s * 1000, ',.0f') + ' ms'")
     rule = first.mark_rule(color=PALETTE[3], strokeDash=[4, 3]).encode(x="ttft_s:Q")
-    text = first.mark_text(align="right", dx=-4, y=8, color=PALETTE[3], fontSize=11).encode(x="ttft_s:Q",
-                                                                                         text="label:N")
-    return alt.layer(bars, rule, text).properties(width=330, height=270)
+    text = first.mark_text(align="right", baseline="top", y=2, color=PALETTE[3], fontSize=11).encode(
+        x=alt.value(440), text="label:N")
+    return alt.layer(bars, rule, text).properties(width=440, height=180)
 
 
 # --- 07_piggybacking ---
@@ -486,18 +498,22 @@ def utilisation_chart(steps: pd.DataFrame, ceiling: pd.DataFrame):
     """
     tips = ["run:N", "kind:N", "prefill_tokens:Q", "decode_seqs:Q", alt.Tooltip("compute_util:Q", format=".0%"),
             alt.Tooltip("bandwidth_util:Q", format=".0%")]
-    share = alt.Scale(domain=[0, 1])
+    share, pct = alt.Scale(domain=[0, 1]), alt.Axis(format="%", values=[0, 0.2, 0.4, 0.6, 0.8, 1.0])
     utils = alt.Chart(steps).mark_circle(size=18, opacity=0.5).encode(
-        x=alt.X("bandwidth_util:Q", title="share of peak memory bandwidth (%)", scale=share, axis=alt.Axis(format="%")),
-        y=alt.Y("compute_util:Q", title="share of peak compute (%)", scale=share, axis=alt.Axis(format="%")),
-        color=_kind_color(), tooltip=tips).properties(width=260, height=260)
+        x=alt.X("bandwidth_util:Q", title="share of peak memory bandwidth (%)", scale=share, axis=pct),
+        y=alt.Y("compute_util:Q", title="share of peak compute (%)", scale=share, axis=pct),
+        color=_kind_color(), tooltip=tips).properties(width=440, height=220)
     tflops = "datum.flops_per_s / 1e12"
-    x = alt.X("intensity:Q", title="arithmetic intensity (flop per byte)", scale=alt.Scale(type="log"))
-    y = alt.Y("tflops:Q", title="achieved compute (tflop/s)", scale=alt.Scale(type="log"))
+    x = alt.X("intensity:Q", title="arithmetic intensity (flop per byte)", scale=alt.Scale(type="log", nice=False),
+              axis=alt.Axis(values=log_ticks(ceiling["intensity"]), format=","))
+    span = [float(ceiling["flops_per_s"].min() / 1e12), float(ceiling["flops_per_s"].max() / 1e12 * 1.1)]
+    y = alt.Y("tflops:Q", title="achieved compute (tflop/s)", scale=alt.Scale(type="log", domain=span),
+              axis=alt.Axis(values=log_ticks(steps["flops_per_s"].tolist() + ceiling["flops_per_s"].tolist(), 1e-12),
+                            format=","))
     dots = alt.Chart(steps).transform_calculate(tflops=tflops).mark_circle(size=18, opacity=0.5).encode(
         x=x, y=y, color=_kind_color(), tooltip=tips)
     roof = alt.Chart(ceiling).transform_calculate(tflops=tflops).mark_line(color="#333333", strokeWidth=1).encode(x=x, y=y)
-    return alt.hconcat(utils, alt.layer(roof, dots).properties(width=300, height=260))
+    return alt.vconcat(utils, alt.layer(roof, dots).properties(width=440, height=220))
 
 
 def budget_split_chart(split: pd.DataFrame, value: int = 2048):
@@ -527,7 +543,7 @@ def budget_split_chart(split: pd.DataFrame, value: int = 2048):
     text = base.transform_aggregate(budget="max(budget)").transform_calculate(
         label="'budget ' + format(datum.budget, ',') + ' tokens'").mark_text(
         align="left", x=4, dy=-7, fontSize=11).encode(y="budget:Q", text="label:N")
-    return alt.layer(area, rule, text).properties(width=560, height=240).add_params(param)
+    return alt.layer(area, rule, text).properties(width=470, height=240).add_params(param)
 
 
 def mixing_chart(df: pd.DataFrame, rate: float):
@@ -541,16 +557,16 @@ def mixing_chart(df: pd.DataFrame, rate: float):
     rate : float
         The offered load the page reads its numbers at (req/s).
     """
-    color = alt.Color("policy:N", title=None, legend=alt.Legend(orient="bottom", columns=1))
+    color = alt.Color("policy:N", title=None, legend=alt.Legend(orient="bottom", columns=1, labelLimit=0))
     x = alt.X("rate:Q", title="offered load (requests/s)")
     base = alt.Chart(df[np.isfinite(df["rate"])]).encode(x=x, color=color, tooltip=list(df.columns[:2]))
     mark = alt.Chart(pd.DataFrame({"rate": [rate]})).mark_rule(strokeDash=[4, 3], color="#777777").encode(x=x)
     tput = alt.layer(base.mark_line(point=True).encode(y=alt.Y("output_throughput:Q", title=title("output_throughput"))),
-                     mark).properties(width=280, height=230)
+                     mark).properties(width=440, height=200)
     itl = alt.layer(base.mark_line(point=True).encode(y=alt.Y("p99_itl_ms:Q", title="p99 inter-token latency (ms)",
                                                               scale=alt.Scale(type="log"))),
-                    mark).properties(width=280, height=230)
-    return alt.hconcat(tput, itl)
+                    mark).properties(width=440, height=200)
+    return alt.vconcat(tput, itl)
 
 
 # --- 02_dynamic_batching ---

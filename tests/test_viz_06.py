@@ -39,12 +39,12 @@ def test_chunking_chart_params_bind_a_budget_slider_and_a_checkbox(frames):
                                              "name": "max_num_batched_tokens = 2^"}
     assert params["log2_budget"]["value"] == 10.0
     assert params["chunking"]["bind"]["input"] == "checkbox" and params["chunking"]["value"] is True
-    assert "title" not in spec and len(spec["hconcat"]) == 2
+    assert "title" not in spec and len(spec["vconcat"]) == 2
 
 
 def test_chunking_chart_layers_and_encodings(frames):
     spec = viz.chunking_chart(*frames).to_dict()
-    left, right = spec["hconcat"]
+    left, right = spec["vconcat"]
     assert {"line", "point", "text"} <= marks(left) and {"bar", "rule", "text"} <= marks(right)
     x, y = left["layer"][1]["encoding"]["x"], left["layer"][1]["encoding"]["y"]
     assert (x["field"], y["field"]) == ("ttft_ms", "itl_ms") and x["scale"]["type"] == y["scale"]["type"] == "log"
@@ -66,3 +66,10 @@ def test_chunking_chart_data_in_seconds_shown_in_ms(frames):
              if isinstance(c, dict) and "calculate" in c]
     assert "datum.itl_max_s * 1000" in calcs and "datum.itl_s * 1000" in calcs
     assert np.isclose(timeline["itl_s"].max(), points["itl_max_s"].max())
+
+
+def test_log_ticks_span_the_data_in_1_2_3_5_steps():
+    assert viz.log_ticks([212.6, 1221.8]) == [200, 300, 500, 1000]
+    assert viz.log_ticks([19.7, 212.6]) == [20, 30, 50, 100, 200, 300]  # a tick past the data is not drawn
+    assert viz.log_ticks([3.3e13, 9.9e14], scale=1e-12) == [30, 50, 100, 200, 300, 500, 1000]
+    assert viz.log_ticks([0.05, 0.2]) == [0.05, 0.1, 0.2, 0.3]

@@ -39,7 +39,7 @@ def test_utilisation_chart(cost8b, stream):
             "v0": bl.simulate(stream, "continuous", cost8b, prefill_only_steps=True)}
     steps = experiments.step_utilisation(runs)
     spec = viz.utilisation_chart(steps, experiments.roofline_ceiling(cost8b, np.geomspace(1, 1e4, 20))).to_dict()
-    left, right = spec["hconcat"]
+    left, right = spec["vconcat"]
     assert marks(left) == {"circle"} and marks(right) == {"line", "circle"}
     assert left["encoding"]["x"]["field"] == "bandwidth_util" and left["encoding"]["y"]["field"] == "compute_util"
     assert left["encoding"]["color"]["scale"]["domain"] == ["decode", "mixed", "prefill"]
@@ -66,7 +66,7 @@ def test_mixing_chart():
     df = pd.DataFrame({"rate": [10.0, 10.0, 20.0, 20.0, np.inf, np.inf], "policy": ["a", "b"] * 3,
                        "output_throughput": [1e3, 1e3, 2e3, 1.9e3, 2.1e3, 2e3], "p99_itl_ms": [50, 90] * 3})
     spec = viz.mixing_chart(df, rate=20.0).to_dict()
-    left, right = spec["hconcat"]
+    left, right = spec["vconcat"]
     assert marks(spec) == {"line", "rule"}
     assert left["layer"][0]["encoding"]["y"]["field"] == "output_throughput"
     assert right["layer"][0]["encoding"]["y"]["scale"]["type"] == "log"
