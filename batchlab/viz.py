@@ -637,8 +637,9 @@ def queue_delay_chart(runs: pd.DataFrame, facet: str = "load"):
               picked.mark_point(size=180, color="black", filled=False).encode(x=x, y=y),
               picked.transform_filter(f"datum.max_queue_delay_ms <= {xmax / 2}").mark_text(
                   align="left", dx=9, dy=-9, fontWeight="bold").encode(x=x, y=y, text="label:N"),
+              # higher up than the left-hand label: the reference lines' names sit just above them on the right
               picked.transform_filter(f"datum.max_queue_delay_ms > {xmax / 2}").mark_text(
-                  align="right", dx=-9, dy=-9, fontWeight="bold").encode(x=x, y=y, text="label:N")]
+                  align="right", dx=-6, dy=-20, fontWeight="bold").encode(x=x, y=y, text="label:N")]
     panels = alt.layer(*layers, data=long).properties(width=235, height=260)
     order = runs.groupby(facet)["rate_req_s"].min().sort_values().index.tolist()
     return panels.facet(column=alt.Column(f"{facet}:N", title=None, sort=order)).resolve_scale(
