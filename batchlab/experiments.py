@@ -578,3 +578,225 @@ def last_finish_by_seed(cost, workload: str, n: int, rate: float, seeds, *, slot
                              max_queue_delay_s=max_queue_delay_s)
         rows[int(seed)] = {p: float(r.requests["finish_s"].max()) for p, r in runs.items()}
     return pd.DataFrame.from_dict(rows, orient="index").rename_axis("seed")
+
+
+# --- 04_step_time_roofline ---
+def kv_knee(cost, context: float) -> float:
+    """B_kv = P b_w / (context k): the batch whose KV reads equal the weight bytes (notebook 04).
+
+    Parameters
+    ----------
+    cost : CostModel
+        Gives the weight bytes per GPU (P b_w) and KV bytes per token (k).
+    context : float
+        Cached tokens per sequence (>= 0).
+
+    Returns
+    -------
+    float
+        Sequences; ``inf`` with no context (the KV term never binds).
+    """
+    if context < 0:
+        raise ValueError(f"context must be >= 0, got {context!r}")
+    return float("inf") if context == 0 else cost.weight_bytes / (context * cost.kv_bytes_per_token)
+
+
+def step_time_grid(cost, batches, contexts, hardware=("h100-sxm", "h200")):
+    """Decode step time over a batch x context grid, pure roofline and calibrated, on each GPU (notebook 04).
+
+    Parameters
+    ----------
+    cost : CostModel
+        The model, dtype and calibrated efficiencies; its hardware is replaced by each of ``hardware``.
+    batches : sequence of int
+        Decode batch sizes (sequences, >= 1).
+    contexts : sequence of int
+        Cached tokens per sequence (>= 0); ``context_index`` numbers them in the given order, so a slider
+        can walk an uneven grid.
+    hardware : sequence of str
+        Presets of :func:`batchlab.get_hardware`.
+
+    Returns
+    -------
+    curves : DataFrame
+        ``hardware``, ``cost`` ("roofline" = ``cost.ideal()``, or "calibrated"), ``context``,
+        ``context_index``, ``batch``, ``step_time_s`` (s) and ``kv_fits`` (the batch's KV cache fits the
+        pool beside the weights at 90 % memory utilisation).
+    knees : DataFrame
+        One row per hardware, cost and context: ``knee`` = ``CostModel.knee(context)`` (sequences),
+        ``b_kv`` (:func:`kv_knee`) and ``step_time_s`` at the knee (s).
+    """
+    from .hardware import get_hardware
+
+    b, c = np.meshgrid(np.asarray(batches, dtype=float), np.asarray(contexts, dtype=float))
+    index = np.broadcast_to(np.arange(len(contexts))[:, None], b.shape)
+    curves, knees = [], []
+    for hw in hardware:
+        calibrated = cost.replace(hardware=get_hardware(hw))
+        for label, cm in (("roofline", calibrated.ideal()), ("calibrated", calibrated)):
+            curves.append(pd.DataFrame({"hardware": hw, "cost": label, "context": c.ravel(),
+                                        "context_index": index.ravel(), "batch": b.ravel(),
+                                        "step_time_s": cm.decode_step_time(b.ravel(), c.ravel()),
+                                        # blocks of 16 for context + the new token, vLLM's null block kept back
+                                        "kv_fits": b.ravel() * np.ceil((c.ravel() + 1) / 16) <= cm.kv_pool_blocks() - 1}))
+            k = np.array([cm.knee(x) for x in contexts])
+            knees.append(pd.DataFrame({"hardware": hw, "cost": label, "context": np.asarray(contexts, dtype=float),
+                                       "context_index": np.arange(len(contexts)), "knee": k,
+                                       "b_kv": [kv_knee(cm, x) for x in contexts],
+                                       "step_time_s": cm.decode_step_time(k, np.asarray(contexts, dtype=float))}))
+    return pd.concat(curves, ignore_index=True), pd.concat(knees, ignore_index=True)
+
+
+def knee_table(costs: dict, contexts, hardware=("h100-sxm", "h200")) -> pd.DataFrame:
+    """Knees of several models at several contexts, pure roofline, on each GPU (notebook 04).
+
+    Parameters
+    ----------
+    costs : dict
+        Label -> CostModel (its hardware is replaced by each of ``hardware``; efficiencies set to 1).
+    contexts : sequence of int
+        Cached tokens per sequence.
+    hardware : sequence of str
+        Hardware presets, one ``knee_<name>`` column each.
+
+    Returns
+    -------
+    DataFrame
+        One row per label and context: ``model``, ``context`` (tokens), ``b_kv`` (sequences, :func:`kv_knee`;
+        inf at 0) and ``knee_<hardware>`` = min(ridge, B_kv) (sequences) per GPU.
+    """
+    from .hardware import get_hardware
+
+    rows = []
+    for label, cost in costs.items():
+        ideal = {hw: cost.replace(hardware=get_hardware(hw)).ideal() for hw in hardware}
+        for x in contexts:
+            row = {"model": label, "context": int(x), "b_kv": kv_knee(cost, x)}
+            rows.append(row | {f"knee_{hw}": cm.knee(x) for hw, cm in ideal.items()})
+    return pd.DataFrame(rows)
+
+
+# --- 05_prefill_spike ---
+from typing import NamedTuple  # noqa: E402  (kept in this section: the file is shared by several notebooks)
+
+
+def spike_stream(arrival_s: float, behind_s, *, n_decoders: int = 128, context: int = 2048, decode_tokens: int = 64,
+                 newcomer_tokens: int = 8000, behind_tokens: int = 256, output_tokens: int = 16,
+                 newcomer: bool = True):
+    """Decoders at time 0, one long prompt at ``arrival_s``, short requests at ``behind_s`` (notebook 05).
+
+    Parameters
+    ----------
+    arrival_s : float
+        When the long prompt arrives (s).
+    behind_s : sequence of float
+        Arrival times (s, sorted, >= ``arrival_s``) of the short requests queued behind it.
+    n_decoders, context, decode_tokens : int
+        Requests present at time 0, their prompt tokens and their output tokens.
+    newcomer_tokens, behind_tokens, output_tokens : int
+        Prompt tokens of the long prompt and of each short request; output tokens of both.
+    newcomer : bool
+        False leaves the long prompt out (the counterfactual run).
+
+    Returns
+    -------
+    Requests
+        Decoders first (indices 0 .. n_decoders - 1), then the long prompt (if any), then the short ones.
+    """
+    from .workload import Requests
+
+    behind = np.asarray(behind_s, dtype=float)
+    one = [1] if newcomer else []
+    arrival = np.concatenate([np.zeros(n_decoders), np.multiply(one, arrival_s), behind])
+    prompt = np.concatenate([np.full(n_decoders, context), np.multiply(one, newcomer_tokens),
+                             np.full(behind.size, behind_tokens)])
+    output = np.concatenate([np.full(n_decoders, decode_tokens), np.multiply(one, output_tokens),
+                             np.full(behind.size, output_tokens)])
+    return Requests(arrival, prompt.astype(np.int64), output.astype(np.int64))
+
+
+def decoder_gaps(res, n_decoders: int, origin_s: float = 0.0) -> pd.DataFrame:
+    """The decoders' inter-token gaps, one row per distinct (emission time, gap), with how many sequences had it.
+
+    Decoders admitted together advance in lockstep, so their gaps coincide; counting them keeps the frame
+    small enough to inline in a page. Columns: ``time_s`` (emission of the later token minus ``origin_s``,
+    s), ``itl_s`` (s) and ``sequences``.
+    """
+    times = [res.token_times[i] for i in range(n_decoders)]
+    df = pd.DataFrame({"time_s": np.concatenate([t[1:] for t in times]) - origin_s,
+                       "itl_s": np.concatenate([np.diff(t) for t in times])})
+    return df.round(12).groupby(["time_s", "itl_s"], as_index=False).size().rename(columns={"size": "sequences"})
+
+
+class Spike(NamedTuple):
+    """One prefill-spike run (notebook 05), from :func:`prefill_spike`."""
+
+    itl: pd.DataFrame  # decoder_gaps, time relative to the long prompt's arrival (s)
+    behind: pd.DataFrame  # short requests: arrival_s (relative), ttft_s with and ttft_baseline_s without it
+    summary: dict  # the numbers the page reads (seconds unless named otherwise)
+    run: object  # SimResult with the long prompt
+    baseline: object  # SimResult of the same stream without it
+
+
+def prefill_spike(cost, *, n_decoders: int = 128, context: int = 2048, newcomer_tokens: int = 8000,
+                  lead_steps: int = 10, tail_steps: int = 40, n_behind: int = 6, behind_tokens: int = 256,
+                  output_tokens: int = 16, prefill_only_steps: bool = False, seed=0) -> Spike:
+    """Decoders in steady state, then one long prompt joins unchunked (policy ``continuous``) (notebook 05).
+
+    A pilot run of the decoders alone gives their token times; the long prompt arrives halfway through
+    their ``lead_steps``-th decode step. ``n_behind`` short requests arrive at times drawn uniformly within
+    ``cost.prefill_time(newcomer_tokens)`` after it. The same stream without the long prompt is the
+    counterfactual for their TTFT. ``max_num_seqs`` admits everyone; the KV pool is the model's own.
+
+    Parameters
+    ----------
+    cost : CostModel
+    n_decoders, context : int
+        Sequences decoding when the long prompt arrives, and their prompt tokens.
+    newcomer_tokens : int
+        Prompt tokens of the long prompt.
+    lead_steps, tail_steps : int
+        Decode steps before the long prompt arrives (>= 1), and tokens each decoder emits after that.
+    n_behind, behind_tokens, output_tokens : int
+        Short requests queued behind, their prompt tokens, and the output tokens of every later request.
+    prefill_only_steps : bool
+        vLLM V0's order: an iteration that admits prompts runs only them, and the decodes wait.
+    seed : int or numpy.random.Generator
+        Draws the short requests' arrival times.
+
+    Returns
+    -------
+    Spike
+        ``summary`` keys (seconds): ``cadence_s`` (median decoder gap before the long prompt), ``spike_s``
+        (largest decoder gap), ``admit_step_s`` (duration of the step that admitted the long prompt),
+        ``prefill_s`` (``cost.prefill_time``), ``ideal_prefill_s`` (``cost.ideal().prefill_time``),
+        ``newcomer_ttft_s``, ``behind_ttft_s`` and ``behind_ttft_baseline_s`` (means over the short
+        requests); and ``admit_step`` (its index), ``n_decoders``, ``context``, ``kv_pool_tokens``.
+    """
+    from .workload import _rng
+
+    kw = dict(n_decoders=n_decoders, context=context, decode_tokens=lead_steps + tail_steps,
+              newcomer_tokens=newcomer_tokens, behind_tokens=behind_tokens, output_tokens=output_tokens)
+    knobs = dict(max_num_seqs=n_decoders + n_behind + 1, prefill_only_steps=prefill_only_steps)
+    pilot = simulate(spike_stream(0.0, [], newcomer=False, **kw), "continuous", cost, **knobs).token_times[0]
+    arrival = 0.5 * (pilot[lead_steps - 1] + pilot[lead_steps])
+    behind = arrival + np.sort(_rng(seed).uniform(0.0, cost.prefill_time(newcomer_tokens), n_behind))
+    run = simulate(spike_stream(arrival, behind, **kw), "continuous", cost, **knobs)
+    base = simulate(spike_stream(arrival, behind, newcomer=False, **kw), "continuous", cost, **knobs)
+    ttft = pd.DataFrame({"arrival_s": behind - arrival,
+                         "ttft_s": run.requests["ttft_s"].to_numpy()[n_decoders + 1:],
+                         "ttft_baseline_s": base.requests["ttft_s"].to_numpy()[n_decoders:]})
+    gaps = decoder_gaps(run, n_decoders, arrival)
+    return Spike(gaps, ttft, _spike_summary(cost, run, gaps, ttft, n_decoders, context, newcomer_tokens), run, base)
+
+
+def _spike_summary(cost, run, gaps, ttft, n_decoders, context, newcomer_tokens) -> dict:
+    """The numbers notebook 05 reads from one :func:`prefill_spike` run."""
+    req, steps = run.requests, run.steps
+    admit = int(np.flatnonzero(steps["start_s"].to_numpy() == req["scheduled_s"].iloc[n_decoders])[0])
+    return {"cadence_s": float(gaps.loc[gaps["time_s"] < 0, "itl_s"].median()), "spike_s": float(gaps["itl_s"].max()),
+            "admit_step": admit, "admit_step_s": float(steps["duration_s"].iloc[admit]),
+            "prefill_s": cost.prefill_time(newcomer_tokens), "ideal_prefill_s": cost.ideal().prefill_time(newcomer_tokens),
+            "newcomer_ttft_s": float(req["ttft_s"].iloc[n_decoders]), "behind_ttft_s": float(ttft["ttft_s"].mean()),
+            "behind_ttft_baseline_s": float(ttft["ttft_baseline_s"].mean()), "n_decoders": n_decoders,
+            "context": context, "kv_pool_tokens": (run.knobs["num_kv_blocks"] - 1) * run.knobs["block_size"]}

@@ -747,3 +747,119 @@ def occupancy_panels_chart(df: pd.DataFrame, facet: str = "policy"):
         interpolate="step-after", strokeWidth=1.5).encode(x=x, y="rows:Q", color=color)
     return alt.layer(area, line, data=df).properties(width=520, height=70).facet(
         row=alt.Row(f"{facet}:N", title=None, sort=list(pd.unique(df[facet]))))
+
+
+# --- 04_step_time_roofline ---
+COST_COLORS = {"roofline": PALETTE[0], "calibrated": PALETTE[1]}
+
+
+def step_time_roofline_chart(curves: pd.DataFrame, knees: pd.DataFrame, width: int = 280, height: int = 250):
+    """Decode step time against batch on log-log axes, one panel per GPU, a slider over context (notebook 04).
+
+    Parameters
+    ----------
+    curves, knees : DataFrame
+        From :func:`batchlab.experiments.step_time_grid`: ``hardware``, ``cost`` ("roofline" or
+        "calibrated"), ``context``, ``context_index``, ``batch``, ``step_time_s`` (s), ``kv_fits``; and per
+        context the ``knee`` (sequences) with the ``step_time_s`` there.
+    width, height : int
+        Pixels of each panel.
+
+    Returns
+    -------
+    altair chart; the slider ``context_step`` walks ``context_index`` (an uneven grid such as 0 to 16k
+    tokens), redraws the curves and moves each knee's rule, marker and label. Curves are dashed and faded
+    where the batch's KV cache would not fit in memory.
+    """
+    param, at = grid_param("context_step", knees["context_index"], "context per sequence (0, 512, 1k ... 16k)",
+                           field="context_index")
+    curves = curves.assign(step_time_ms=curves["step_time_s"] * 1e3)
+    knees = knees.assign(step_time_ms=knees["step_time_s"] * 1e3, label_px=np.where(knees["cost"] == "roofline", 4, 18))
+    x_title, y_title = title("batch"), title("step_time_ms")
+    ms = curves["step_time_ms"]
+    x = alt.X("batch:Q", title=x_title, axis=alt.Axis(values=[1, 4, 16, 64, 256, 1024]),
+              scale=alt.Scale(type="log", nice=False, domain=[curves["batch"].min(), curves["batch"].max()]))
+    y = alt.Y("step_time_ms:Q", title=y_title, axis=alt.Axis(values=[1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000]),
+              scale=alt.Scale(type="log", nice=False, domain=[ms.min() * 0.9, ms.max() * 1.1]))
+    color = alt.Color("cost:N", title=None, legend=alt.Legend(orient="top"),
+                      scale=alt.Scale(domain=list(COST_COLORS), range=list(COST_COLORS.values())))
+    kx = alt.X("knee:Q", title=x_title)
+    panels = []
+    for hw in curves["hardware"].unique():
+        line = alt.Chart(curves[curves["hardware"] == hw]).transform_filter(at)
+        knee = alt.Chart(knees[knees["hardware"] == hw]).transform_filter(at)
+        head = f"'{hw} · ' + format(datum.context, ',') + ' tokens of context per sequence'"
+        panels.append(alt.layer(
+            line.transform_filter("datum.kv_fits").mark_line().encode(x=x, y=y, color=color),
+            line.mark_line(opacity=0.35, strokeDash=[2, 2]).encode(x=x, y=y, color=color),
+            knee.mark_rule(strokeDash=[4, 3]).encode(x=kx, color=color),
+            knee.mark_point(size=70, filled=True).encode(x=kx, y=alt.Y("step_time_ms:Q", title=y_title), color=color,
+                                                         tooltip=["cost:N", alt.Tooltip("knee:Q", format=".1f")]),
+            knee.transform_calculate(text="'knee ' + format(datum.knee, '.1f')").mark_text(
+                align="left", baseline="top", dx=4).encode(x=kx, y=alt.Y("label_px:Q", scale=None, axis=None),
+                                                           text="text:N", color=color),
+            knee.transform_filter("datum.cost == 'roofline'").transform_calculate(text=head).mark_text(
+                align="left", baseline="bottom", dy=-8).encode(x=alt.value(0), y=alt.value(0), text="text:N"),
+        ).properties(width=width, height=height))
+    return alt.hconcat(*panels).add_params(param)
+
+
+# --- 05_prefill_spike ---
+def choice_param(name: str, options, label: str | None = None, field: str | None = None, value=None):
+    """A parameter bound to a select box over string ``options``, and the filter for rows that match.
+
+    Returns ``(param, predicate)`` like :func:`grid_param`; ``field`` defaults to ``name``.
+    """
+    options = [str(o) for o in options]
+    param = alt.param(name=name, value=options[0] if value is None else value,
+                      bind=alt.binding_select(options=options, name=label or name))
+    return param, f"datum['{field or name}'] == {name}"
+
+
+def spike_chart(itl: pd.DataFrame, behind: pd.DataFrame, reference_ms: float | None = None,
+                reference_label: str = "", width: int = 330, height: int = 240):
+    """The decoders' inter-token gaps around a long unchunked prompt, and the TTFT of requests behind it (notebook 05).
+
+    Parameters
+    ----------
+    itl : DataFrame
+        ``model``, ``order``, ``time_s`` (s since the long prompt arrived), ``itl_ms``, ``sequences``
+        (:func:`batchlab.experiments.spike_scenarios`).
+    behind : DataFrame
+        ``model``, ``order``, ``arrival_ms``, ``run`` and ``ttft_ms`` of the requests queued behind it.
+    reference_ms : float, optional
+        A gap to draw as a dashed horizontal rule (e.g. a published number), labelled ``reference_label``.
+    width, height : int
+        Pixels of the timeline panel (the TTFT panel is narrower).
+
+    Returns
+    -------
+    altair chart with two select boxes, ``model`` and ``order``, that pick the run both panels show; the
+    largest gap is labelled with its value.
+    """
+    model, at_model = choice_param("model", itl["model"].unique(), "model")
+    order, at_order = choice_param("order", itl["order"].unique(), "scheduler order")
+    pick = f"{at_model} && {at_order}"
+    x = alt.X("time_s:Q", title="time since the long prompt arrived (s)")
+    y = alt.Y("itl_ms:Q", title=title("itl_ms"))
+    base = alt.Chart(itl).transform_filter(pick)
+    layers = [
+        base.mark_circle(size=30, opacity=0.85, color=PALETTE[0]).encode(
+            x=x, y=y, tooltip=[alt.Tooltip("time_s:Q", format=".3f"), alt.Tooltip("itl_ms:Q", format=".1f"),
+                               "sequences:Q"]),
+        base.transform_joinaggregate(top="max(itl_ms)").transform_filter("datum.itl_ms == datum.top").transform_calculate(
+            text="'one gap of ' + format(datum.itl_ms, ',.0f') + ' ms'").mark_text(align="left", dx=8).encode(
+            x=x, y=y, text="text:N"),
+    ]
+    if reference_ms is not None:
+        ref = alt.Chart(pd.DataFrame({"itl_ms": [reference_ms], "text": [reference_label]}))
+        layers += [ref.mark_rule(color="#888888", strokeDash=[4, 3]).encode(y=y),
+                   ref.mark_text(align="right", baseline="bottom", dy=-3, color="#555555").encode(
+                       x=alt.value(width), y=y, text="text:N")]
+    ttft = alt.Chart(behind).transform_filter(pick).mark_line(point=True).encode(
+        x=alt.X("arrival_ms:Q", title="arrival after the long prompt (ms)"), y=alt.Y("ttft_ms:Q", title="ttft (ms)"),
+        color=alt.Color("run:N", title=None, legend=alt.Legend(orient="right"),
+                        scale=alt.Scale(domain=sorted(behind["run"].unique()), range=[PALETTE[3], PALETTE[2]])),
+        tooltip=["run:N", alt.Tooltip("arrival_ms:Q", format=".1f"), alt.Tooltip("ttft_ms:Q", format=".1f")])
+    return alt.hconcat(alt.layer(*layers).properties(width=width, height=height),
+                       ttft.properties(width=190, height=height)).add_params(model, order)

@@ -34,6 +34,7 @@ SLIDER_PAGES = {
     "notebooks/01_static_batching": 1,
     "notebooks/02_dynamic_batching": 1,  # max queue delay (the latency metric is a select box)
     "notebooks/03_continuous_batching": 1,  # the highlighted request
+    "notebooks/04_step_time_roofline": 1,  # context per sequence (its grid index)
     "notebooks/06_chunked_prefill": 1,  # token budget (and a chunking checkbox)
     "notebooks/07_piggybacking": 1,  # token budget of the split chart
 }
