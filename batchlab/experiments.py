@@ -800,3 +800,331 @@ def _spike_summary(cost, run, gaps, ttft, n_decoders, context, newcomer_tokens) 
             "newcomer_ttft_s": float(req["ttft_s"].iloc[n_decoders]), "behind_ttft_s": float(ttft["ttft_s"].mean()),
             "behind_ttft_baseline_s": float(ttft["ttft_baseline_s"].mean()), "n_decoders": n_decoders,
             "context": context, "kv_pool_tokens": (run.knobs["num_kv_blocks"] - 1) * run.knobs["block_size"]}
+
+
+# --- 10_validation ---
+# The calibrated cost model against measured H100 timings, and end-to-end runs against published vLLM figures.
+
+PARITY_DESCRIPTORS = ("model", "op", "geometry", "tp", "workers", "tokens", "batch", "kv_len", "m", "k", "n",
+                      "size_bytes")  # the columns that name a measured case, in the order a label shows them
+
+
+def shipped_floors():
+    """The per-kernel floors of ``data/calibration.csv`` as :class:`batchlab.calibrate.KernelFloors` (seconds).
+
+    They are not CostModel fields (see :mod:`batchlab.calibrate`), so the errors of the per-operator sets
+    after calibration need them alongside the CostModel's defaults.
+    """
+    from . import calibrate
+    from ._data import DATA_DIR
+
+    values = pd.read_csv(DATA_DIR / "calibration.csv").set_index("name")["value"]
+    return calibrate.KernelFloors(*(float(values[f"kernel_floor_{k}"]) for k in calibrate.KernelFloors._fields))
+
+
+def _stage_group(split: pd.Series) -> pd.Series:
+    """fit / ridge / held out: how a measured case was used by the calibration."""
+    return split.where(split.isin(["fit", "ridge"]), "held out")
+
+
+def validation_frames(before, after, floors=None, root=None):
+    """Every measured case predicted twice, before and after calibration, and the error table (notebook 10).
+
+    Parameters
+    ----------
+    before, after : CostModel
+        H100 SXM cost models: DESIGN's starting efficiencies (``cost.replace(**calibrate.START)``) and the
+        calibrated defaults. Their model and TP are replaced by each measured case's own.
+    floors : KernelFloors, optional
+        Seconds per kernel added to the per-operator sets after calibration (default: :func:`shipped_floors`);
+        the "before" predictions have none, as in ``data/calibration_errors.csv``.
+    root : path, optional
+        Measured-timings folder (default ``$BATCHLAB_MEASURED_DIR``).
+
+    Returns
+    -------
+    cases : DataFrame
+        One row per case and stage: ``case_id`` (same case in both stages), ``set``, ``split``, ``group``
+        (fit, ridge, held out), ``stage`` (before, after), ``measured_s``, ``predicted_s``, ``rel_err``
+        (|predicted / measured - 1|) and the case descriptors.
+    errors : DataFrame
+        One row per set: ``cases``, ``median_rel_err_before``, ``worst_rel_err_before``,
+        ``median_rel_err_after``, ``worst_rel_err_after``, as in the ``all`` rows of
+        ``data/calibration_errors.csv``, plus ``gemm_kernels_fp8_own_eta`` (the FP8 GEMMs under their own
+        fitted efficiencies).
+    """
+    from . import calibrate
+    from .cost import DEFAULT_EFFICIENCY
+
+    floors = shipped_floors() if floors is None else floors
+    stages = {"before": calibrate.load_all(before, root), "after": calibrate.load_all(after, root, floors)}
+    own = {"before": calibrate.load_gemm_kernels(before, root),
+           "after": calibrate.load_gemm_kernels(after.replace(eta_compute=DEFAULT_EFFICIENCY["eta_compute_fp8"],
+                                                              eta_memory=DEFAULT_EFFICIENCY["eta_memory_fp8"]),
+                                                root, floors)}
+    tables, frames = [], []
+    for stage, frame in stages.items():
+        frame = frame.assign(case_id=np.arange(len(frame)), stage=stage, group=_stage_group(frame["split"]),
+                             rel_err=(frame["predicted_s"] / frame["measured_s"] - 1.0).abs())
+        frames.append(frame)
+        both = pd.concat([frame, own[stage].assign(set="gemm_kernels_fp8_own_eta")], ignore_index=True)
+        err = calibrate.relative_errors(both)
+        err = err[err["split"] == "all"].set_index("set")
+        tables.append(err[["cases", "median_rel_err", "worst_rel_err"]].add_suffix(f"_{stage}"))
+    errors = tables[0].join(tables[1].drop(columns="cases_after")).rename(columns={"cases_before": "cases"})
+    return pd.concat(frames, ignore_index=True), errors.reset_index()
+
+
+def parity_sample(cases: pd.DataFrame, per_set: int = 100) -> pd.DataFrame:
+    """A few hundred cases per set for a parity chart: evenly spaced in measured time, plus each stage's worst.
+
+    The same cases are kept in both stages, so the before and after panels show the same points. Adds
+    ``measured_ms``, ``predicted_ms`` and a ``case`` label (the descriptors that name the case).
+    """
+    keep = []
+    for _, per in cases.groupby("set", sort=False):
+        first = per[per["stage"] == per["stage"].iloc[0]].sort_values("measured_s", kind="stable")
+        pick = np.unique(np.linspace(0, len(first) - 1, min(per_set, len(first))).round().astype(int))
+        worst = per.loc[per.groupby("stage")["rel_err"].idxmax(), "case_id"]
+        keep += [*first["case_id"].iloc[pick], *worst]
+    out = cases[cases["case_id"].isin(keep)].copy()
+    out["measured_ms"], out["predicted_ms"] = out["measured_s"] * 1e3, out["predicted_s"] * 1e3
+    cols = [c for c in PARITY_DESCRIPTORS if c in out.columns]
+    out["case"] = [", ".join(f"{c} {v:g}" if isinstance(v, float) else f"{c} {v}" for c, v in zip(cols, row)
+                             if not pd.isna(v)) for row in out[cols].itertuples(index=False)]
+    return out[["case_id", "set", "group", "stage", "case", "measured_ms", "predicted_ms", "rel_err"]].reset_index(drop=True)
+
+
+def llmservingsim_unfused(cost, root=None) -> pd.DataFrame:
+    """LLMServingSim's eager forward pass of Llama-3.1-8B split into what the formula models and what it does not.
+
+    Per prompt length (``tokens``): ``measured_s`` (the whole pass), ``unfused_s`` (the norms, RoPE and SiLU
+    kernels of 32 layers plus the final norm, which eager PyTorch launches separately and the formula has no
+    term for), ``predicted_s`` (``cost.prefill_time``), ``unfused_share`` and ``rel_err_without_unfused``
+    (|predicted / (measured - unfused) - 1|).
+    """
+    from . import calibrate
+    from .models import get_model
+
+    raw = calibrate._llmservingsim_raw(str(calibrate.measured_dir(root)))
+    layers = get_model(calibrate.REFERENCE_MODEL).layers
+    unfused = layers * raw[["input_layernorm", "post_layernorm", "rope", "act_fn"]].sum(axis=1) + raw["final_layernorm"]
+    step = calibrate.load_llmservingsim(cost, root)
+    step = step[step["set"] == "llmservingsim_step"].set_index("tokens")
+    out = pd.DataFrame({"tokens": step.index.to_numpy(), "measured_s": step["measured_s"].to_numpy(),
+                        "unfused_s": unfused.reindex(step.index.astype(int)).to_numpy(),
+                        "predicted_s": step["predicted_s"].to_numpy()})
+    out["unfused_share"] = out["unfused_s"] / out["measured_s"]
+    out["rel_err_without_unfused"] = (out["predicted_s"] / (out["measured_s"] - out["unfused_s"]) - 1).abs()
+    return out
+
+
+# vLLM v0.6.0 performance update (vLLM blog, 2024-09-05, https://blog.vllm.ai/2024/09/05/perf-update.html),
+# as quoted in ../shared/data/README.md: Llama-3-8B BF16 on one H100, 500 ShareGPT prompts.
+PUBLISHED_VLLM_V060 = {
+    "prompt_tokens_mean": 202.0,  # tokens, the blog's ShareGPT sample
+    "output_tokens_mean": 179.0,  # tokens
+    "n_requests": 500,
+    "request_throughput": 36.9,  # req/s, every request sent at once
+    "mean_tpot_ms": 13.4,  # ms, at 32 QPS
+    "tpot_qps": 32.0,  # req/s
+    "mean_ttft_ms_ceiling": 120.0,  # ms, mean TTFT stays under it from 2 to 32 QPS
+    "ttft_qps": (2.0, 32.0),
+    "gpu_busy_before_v060": 0.38,  # share of time the GPU was busy before v0.6 (8B on H100), same post
+}
+
+
+def match_means(requests, prompt_mean: float, output_mean: float):
+    """The same stream with every prompt and output length scaled so their means are the given ones.
+
+    Lengths are rounded and kept >= 1 token; arrivals are unchanged, and so is the shape of each
+    distribution (its coefficient of variation) up to the rounding.
+    """
+    from .workload import Requests
+
+    def scale(tokens, mean):
+        return np.maximum(np.rint(tokens * (mean / tokens.mean())), 1).astype(np.int64)
+
+    return Requests(requests.arrival_s, scale(requests.prompt_tokens, prompt_mean),
+                    scale(requests.output_tokens, output_mean))
+
+
+V060_COLUMNS = ("request_throughput", "output_throughput", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms",
+                "p99_tpot_ms", "gpu_busy_fraction", "preemptions")
+
+
+def vllm_v060_runs(cost, rates, *, n_requests: int = 500, seed=0, lengths: str = "blog", **knobs) -> pd.DataFrame:
+    """The ShareGPT preset through the ``chunked`` policy at each arrival rate (notebook 10).
+
+    Parameters
+    ----------
+    cost : CostModel
+    rates : sequence of float
+        Mean arrival rates in requests/s; ``inf`` sends every request at time 0 (the throughput run).
+    n_requests : int
+        Requests per run (the blog used 500).
+    seed : int
+        Seed of :func:`batchlab.preset` (lengths and arrivals); the same for every rate.
+    lengths : {"blog", "trace"}
+        "blog" rescales the sampled lengths to the blog's means (:data:`PUBLISHED_VLLM_V060`, with
+        :func:`match_means`); "trace" keeps the ShareGPT file's own.
+    **knobs
+        Passed to :func:`batchlab.simulate` (default: vLLM's defaults for the GPU).
+
+    Returns
+    -------
+    DataFrame, one row per rate: ``rate``, ``lengths``, ``prompt_tokens_mean``, ``output_tokens_mean`` and the
+    summary keys of :data:`V060_COLUMNS`.
+    """
+    from .workload import preset
+
+    rows = []
+    for rate in rates:
+        stream = preset("sharegpt", n_requests, rate=float(rate), seed=seed)
+        if lengths == "blog":
+            stream = match_means(stream, PUBLISHED_VLLM_V060["prompt_tokens_mean"],
+                                 PUBLISHED_VLLM_V060["output_tokens_mean"])
+        elif lengths != "trace":
+            raise ValueError(f"lengths must be 'blog' or 'trace', got {lengths!r}")
+        summ = simulate(stream, "chunked", cost, **knobs).summary()
+        rows.append({"rate": float(rate), "lengths": lengths, "prompt_tokens_mean": float(stream.prompt_tokens.mean()),
+                     "output_tokens_mean": float(stream.output_tokens.mean()), **{k: summ[k] for k in V060_COLUMNS}})
+    return pd.DataFrame(rows)
+
+
+def published_comparison(runs: pd.DataFrame, published: dict = PUBLISHED_VLLM_V060) -> pd.DataFrame:
+    """Predicted beside published for the three figures of the vLLM v0.6.0 post, with ``ratio`` = predicted / published.
+
+    ``runs`` is :func:`vllm_v060_runs` of one ``lengths`` over rates including ``inf``, ``tpot_qps`` and the
+    TTFT range. The TTFT figure is a ceiling: its row compares the highest predicted mean TTFT in the range.
+    """
+    at = runs.set_index("rate")
+    lo, hi = published["ttft_qps"]
+    in_range = at[(at.index >= lo) & (at.index <= hi)]
+    rows = [("request throughput (req/s)", "all 500 requests at once", published["request_throughput"],
+             at.loc[np.inf, "request_throughput"]),
+            ("mean TPOT (ms)", f"{published['tpot_qps']:g} QPS", published["mean_tpot_ms"],
+             at.loc[published["tpot_qps"], "mean_tpot_ms"]),
+            ("mean TTFT (ms), highest", f"{lo:g} to {hi:g} QPS", published["mean_ttft_ms_ceiling"],
+             in_range["mean_ttft_ms"].max())]
+    out = pd.DataFrame(rows, columns=["figure", "condition", "published", "predicted"])
+    out["ratio"] = out["predicted"] / out["published"]
+    return out
+
+
+# --- 11_fact_check ---
+# The article's quantitative claims, each recomputed from the cost model, vLLM's defaults or the simulator.
+
+def cadence_batch(cost, step_s: float, context: int, max_batch: int = 4096) -> int:
+    """The decode batch whose step time is closest to ``step_s`` seconds, every sequence at ``context`` tokens.
+
+    Decode step time rises monotonically with the batch, so this is where the cost model puts a given
+    inter-token cadence. Raises ``ValueError`` if even one sequence, or ``max_batch``, misses it by more
+    than one step's increment (the cadence is then out of this model's reach on this GPU).
+    """
+    batch = np.arange(1, max_batch + 1)
+    step = cost.decode_step_time(batch, context)
+    if step[0] > step_s or step[-1] < step_s:
+        raise ValueError(f"a {step_s * 1e3:g} ms decode step is outside 1..{max_batch} sequences at {context} "
+                         f"tokens: the step takes {step[0] * 1e3:.1f} to {step[-1] * 1e3:.1f} ms")
+    return int(batch[np.argmin(np.abs(step - step_s))])
+
+
+def prefill_gap(cost, prompt_tokens: int, decoders: int = 0, context: int = 0) -> dict:
+    """The one iteration that prefills a whole ``prompt_tokens`` prompt beside ``decoders`` decodes at ``context``.
+
+    Returns ``step_s`` (seconds: the gap every decoder sees), ``flops`` (FLOP in the step), ``mfu`` (the share
+    of the dtype's peak FLOP/s the step runs at, flops / (step_s * peak)) and ``bound``.
+    """
+    ctx = [context] * decoders
+    br = cost.step_breakdown(prefill_chunks=[(prompt_tokens, 0)], decode_contexts=ctx)
+    return {"step_s": br.total_s, "flops": br.flops, "mfu": br.flops / (br.total_s * cost.peak_flops),
+            "bound": br.bound}
+
+
+def implied_mfu(cost, prompt_tokens: int, gap_s: float, decoders: int = 0, context: int = 0) -> float:
+    """The model FLOPs utilisation at which that prefill step would take exactly ``gap_s`` seconds."""
+    return prefill_gap(cost, prompt_tokens, decoders, context)["flops"] / (gap_s * cost.peak_flops)
+
+
+def max_num_seqs_table(hardware_list, models, tp: int = 1) -> pd.DataFrame:
+    """vLLM's default ``max_num_seqs`` for each GPU and model, beside the article's size rule (notebook 11).
+
+    The article says 1,024 for small models and 256 for large ones; vLLM decides from the GPU alone
+    (:func:`batchlab.vllm_defaults`). One row per (GPU, model): ``gpu``, ``hbm_gib`` (memory the driver
+    reports, GiB), ``model``, ``params_b`` (billions), ``max_num_seqs`` and ``max_num_batched_tokens``
+    (``vllm serve``), ``offline_tokens`` (``LLM``), ``article_rule`` (1024 if under 20 B parameters, else
+    256) and ``agrees``.
+    """
+    from .sim import GiB, vllm_defaults
+
+    rows = []
+    for hw in hardware_list:
+        serve, offline = vllm_defaults(hw, "serve"), vllm_defaults(hw, "offline")
+        for m in models:
+            rule = 1024 if m.params < 20e9 else 256
+            rows.append({"gpu": hw.name, "hbm_gib": hw.hbm_bytes / GiB, "model": m.name, "params_b": m.params / 1e9,
+                         "max_num_seqs": serve["max_num_seqs"], "max_num_batched_tokens": serve["max_num_batched_tokens"],
+                         "offline_tokens": offline["max_num_batched_tokens"], "article_rule": rule,
+                         "agrees": serve["max_num_seqs"] == rule})
+    return pd.DataFrame(rows)
+
+
+def chunking_tradeoff(cost, budgets, *, decoders: int, context: int, prompt_tokens: int = 8000,
+                      newcomer_output: int = 16, margin_steps: int = 20) -> pd.DataFrame:
+    """The 8,000-token scene under each token budget: the newcomer's TTFT against the decoders' tallest gap.
+
+    ``decoders`` requests with ``context``-token prompts arrive at time 0; once all of them are decoding
+    under the smallest budget (and ``margin_steps`` decode steps later), one ``prompt_tokens`` prompt
+    arrives. Every budget replays the same scene through the ``chunked`` policy, with ``max_num_seqs`` and a
+    KV pool large enough that nothing waits for a slot or for memory: the scene isolates how the budget
+    splits the prompt. Raises ``RuntimeError`` if a decoder finishes before the newcomer's first token.
+
+    Returns
+    -------
+    DataFrame, one row per budget: ``max_num_batched_tokens``, ``log2_budget``, ``ttft_ms`` (the
+    newcomer's), ``max_itl_ms`` (the tallest gap between two tokens of any decoder, among tokens emitted
+    after the newcomer's arrival up to its first token), ``base_itl_ms`` (the decoders' median gap in the
+    0.2 s before it arrived) and ``chunks`` (iterations its prompt was computed in).
+    """
+    budgets = sorted(int(b) for b in budgets)
+    if budgets[0] <= decoders:
+        raise ValueError(f"every budget must exceed the {decoders} decode tokens of each iteration")
+    warm_steps = -(-decoders * context // (budgets[0] - decoders)) + decoders + margin_steps
+    warm = _tradeoff_scene(decoders, context, warm_steps, prompt_tokens, None, newcomer_output)
+    knobs = {"max_num_seqs": decoders + 1, "num_kv_blocks": 1 << 24}
+    first = simulate(warm, "chunked", cost, max_num_batched_tokens=budgets[0], **knobs).requests["first_token_s"]
+    arrive = float(first.max()) + margin_steps * cost.decode_step_time(decoders, context)
+    rows = [{"max_num_batched_tokens": b, "log2_budget": float(np.log2(b)),
+             **_tradeoff_run(cost, b, decoders, context, prompt_tokens, newcomer_output, arrive, knobs)}
+            for b in budgets]
+    return pd.DataFrame(rows)
+
+
+def _tradeoff_scene(decoders, context, output, prompt_tokens, arrive, newcomer_output):
+    """Decoders at time 0 and, if ``arrive`` is given, the newcomer at ``arrive`` seconds."""
+    from .workload import Requests
+
+    if arrive is None:
+        return Requests(np.zeros(decoders), np.full(decoders, context), np.full(decoders, output))
+    return Requests(np.r_[np.zeros(decoders), arrive], np.r_[np.full(decoders, context), prompt_tokens],
+                    np.r_[np.full(decoders, output), newcomer_output])
+
+
+def _tradeoff_run(cost, budget, decoders, context, prompt_tokens, newcomer_output, arrive, knobs) -> dict:
+    """One budget of :func:`chunking_tradeoff`, decoders long enough to outlive the newcomer's prefill."""
+    chunks = -(-prompt_tokens // (budget - decoders))
+    horizon = arrive + cost.prefill_time(prompt_tokens) + (chunks + 2) * cost.decode_step_time(decoders, context)
+    output = int(np.ceil(2 * horizon / cost.decode_step_time(1, 0)))  # no step is shorter than a lone decode
+    stream = _tradeoff_scene(decoders, context, output, prompt_tokens, arrive, newcomer_output)
+    res = simulate(stream, "chunked", cost, max_num_batched_tokens=budget, record_schedule=True, **knobs)
+    new = res.requests.iloc[-1]
+    if not (res.requests["finish_s"].iloc[:decoders] > new["first_token_s"]).all():
+        raise RuntimeError("a decoder finished before the newcomer's first token: lengthen the decoders")
+    gaps = [(t[1:], np.diff(t)) for t in res.token_times[:decoders]]
+    during = max(g[(e > arrive) & (e <= new["first_token_s"])].max(initial=0.0) for e, g in gaps)
+    before = np.median(np.concatenate([g[(e < arrive) & (e > arrive - 0.2)] for e, g in gaps]))
+    sched = res.schedule
+    n_chunks = int(((sched["request"] == decoders) & (sched["kind"] == "prefill")).sum())
+    return {"ttft_ms": new["ttft_s"] * 1e3, "max_itl_ms": during * 1e3, "base_itl_ms": before * 1e3,
+            "chunks": n_chunks}

@@ -863,3 +863,147 @@ def spike_chart(itl: pd.DataFrame, behind: pd.DataFrame, reference_ms: float | N
         tooltip=["run:N", alt.Tooltip("arrival_ms:Q", format=".1f"), alt.Tooltip("ttft_ms:Q", format=".1f")])
     return alt.hconcat(alt.layer(*layers).properties(width=width, height=height),
                        ttft.properties(width=190, height=height)).add_params(model, order)
+
+
+# --- 10_validation ---
+STAGE_LABELS = {"before": "before calibration", "after": "after calibration"}
+GROUP_COLORS = {"fit": PALETTE[0], "ridge": PALETTE[1], "held out": PALETTE[3]}
+# Log axes spanning many decades: label the powers of ten only ("0.01", "1", "100"; "1e-5" below 0.001).
+_DECADE = "log(datum.value) / LN10"
+POW10_LABEL = (f"abs({_DECADE} - round({_DECADE})) < 1e-6 ? (datum.value >= 0.001 ? format(datum.value, '~g') "
+               f": '1e' + round({_DECADE})) : ''")
+
+
+def parity_frame(sample: pd.DataFrame, band: float = 0.15) -> pd.DataFrame:
+    """Parity points plus, per set and stage, the lines y = x and y = (1 +- ``band``) x spanning the set's range.
+
+    ``sample`` is :func:`batchlab.experiments.parity_sample`. Adds ``kind`` ("case" or the line's label) and
+    ``panel`` (the stage as "before calibration" / "after calibration").
+    """
+    rows = []
+    for name, per in sample.groupby("set", sort=False):
+        lo = min(per["measured_ms"].min(), per["predicted_ms"].min()) / (1 + band)
+        hi = max(per["measured_ms"].max(), per["predicted_ms"].max()) * (1 + band)
+        for stage in per["stage"].unique():
+            for label, k in (("y = x", 1.0), (f"±{band:.0%}", 1 + band), (f"±{band:.0%}", 1 - band)):
+                rows.append({"set": name, "stage": stage, "kind": label, "line": f"{label} {k}",
+                             "measured_ms": [lo, hi], "predicted_ms": [lo * k, hi * k]})
+    lines = pd.DataFrame(rows).explode(["measured_ms", "predicted_ms"]).astype({"measured_ms": float, "predicted_ms": float})
+    out = pd.concat([sample.assign(kind="case", line=""), lines], ignore_index=True)
+    out["panel"] = out.pop("stage").map(STAGE_LABELS)
+    for col in ("measured_ms", "predicted_ms", "rel_err"):  # four digits are plenty on a log axis, and a smaller page
+        out[col] = [float(f"{v:.4g}") for v in out[col]]
+    return out.drop(columns=[c for c in ("case_id",) if c in out])
+
+
+def parity_chart(sample: pd.DataFrame, value: str | None = None, band: float = 0.15, size: int = 260):
+    """Predicted against measured time on log-log axes, before and after calibration side by side (notebook 10).
+
+    Parameters
+    ----------
+    sample : DataFrame
+        :func:`batchlab.experiments.parity_sample`: ``set``, ``stage`` (before, after), ``group`` (fit,
+        ridge, held out), ``case``, ``measured_ms``, ``predicted_ms`` (ms), ``rel_err``.
+    value : str, optional
+        The set shown first (default: the first in ``sample``).
+    band : float
+        Relative error drawn as dashed lines around y = x (the calibration target, 15 %).
+    size : int
+        Pixels of each square panel.
+
+    Returns
+    -------
+    altair chart; a select box picks the measured set, both panels redraw with their axes fitted to it.
+    """
+    data = parity_frame(sample, band)
+    sets = list(dict.fromkeys(sample["set"]))
+    param = alt.param(name="measured_set", value=value or sets[0],
+                      bind=alt.binding_select(options=sets, name="measured set "))
+    axis = {"scale": alt.Scale(type="log", nice=False), "axis": alt.Axis(labelExpr=POW10_LABEL)}
+    x = alt.X("measured_ms:Q", title="measured time (ms)", **axis)
+    y = alt.Y("predicted_ms:Q", title="predicted time (ms)", **axis)
+    base = alt.Chart().transform_filter("datum.set == measured_set")
+    points = base.transform_filter("datum.kind == 'case'").mark_circle(size=22, opacity=0.7).encode(
+        x=x, y=y, color=alt.Color("group:N", title=None, legend=alt.Legend(orient="top"),
+                                  scale=alt.Scale(domain=list(GROUP_COLORS), range=list(GROUP_COLORS.values()))),
+        tooltip=["case:N", alt.Tooltip("measured_ms:Q", format=".4~g"), alt.Tooltip("predicted_ms:Q", format=".4~g"),
+                 alt.Tooltip("rel_err:Q", format=".1%", title="relative error")])
+    lines = base.transform_filter("datum.kind != 'case'").mark_line(color="#555555", strokeWidth=1).encode(
+        x=x, y=y, detail="line:N", strokeDash=alt.StrokeDash("kind:N", title=None, legend=alt.Legend(orient="top"),
+                                                             scale=alt.Scale(range=[[1, 0], [4, 3]])))
+    panels = alt.layer(lines, points, data=data).properties(width=size, height=size)
+    return panels.facet(column=alt.Column("panel:N", title=None, sort=list(STAGE_LABELS.values()))).add_params(param)
+
+
+def published_chart(runs: pd.DataFrame, published: dict, width: int = 250, height: int = 220):
+    """Mean TTFT and mean TPOT against arrival rate, simulated, beside the published vLLM figures (notebook 10).
+
+    Parameters
+    ----------
+    runs : DataFrame
+        :func:`batchlab.experiments.vllm_v060_runs` (one or more ``lengths``) at finite rates: ``rate``
+        (req/s), ``lengths``, ``mean_ttft_ms``, ``mean_tpot_ms``.
+    published : dict
+        :data:`batchlab.experiments.PUBLISHED_VLLM_V060`: the TTFT ceiling over ``ttft_qps`` is drawn as a
+        dashed segment, the TPOT at ``tpot_qps`` as a black diamond.
+    """
+    finite = runs[np.isfinite(runs["rate"])]
+    x = alt.X("rate:Q", title="arrival rate (req/s)")
+    blog = f"rescaled to the blog's {published['prompt_tokens_mean']:g} / {published['output_tokens_mean']:g} tokens"
+    color = alt.Color("lengths:N", title="prompt / output lengths", legend=alt.Legend(
+        orient="top", direction="vertical", labelLimit=0, labelExpr=f"datum.label == 'blog' ? \"{blog}\" : 'the ShareGPT file\\'s own'"))
+    lo, hi = published["ttft_qps"]
+    ceiling = pd.DataFrame({"rate": [lo, hi], "mean_ttft_ms": published["mean_ttft_ms_ceiling"], "what": "published ceiling"})
+    tpot = pd.DataFrame({"rate": [published["tpot_qps"]], "mean_tpot_ms": [published["mean_tpot_ms"]],
+                         "what": ["published"]})
+    panels = []
+    for col, ref in (("mean_ttft_ms", ceiling), ("mean_tpot_ms", tpot)):
+        y = alt.Y(f"{col}:Q", title=title(col), scale=alt.Scale(zero=True))
+        sim = alt.Chart(finite).mark_line(point=True).encode(
+            x=x, y=y, color=color, tooltip=["lengths:N", "rate:Q", alt.Tooltip(f"{col}:Q", format=".1f")])
+        if len(ref) > 1:
+            mark = alt.Chart(ref).mark_line(color="black", strokeDash=[4, 3])
+        else:
+            mark = alt.Chart(ref).mark_point(shape="diamond", size=120, filled=True, color="black")
+        text = alt.Chart(ref.tail(1)).mark_text(align="right", dx=-8, dy=-10).encode(x=x, y=y, text="what:N")
+        panels.append(alt.layer(sim, mark.encode(x=x, y=y), text).properties(width=width, height=height))
+    return alt.hconcat(*panels)
+
+
+# --- 11_fact_check ---
+def tradeoff_chart(trade: pd.DataFrame, width: int = 420, height: int = 260):
+    """The newcomer's TTFT against the decoders' tallest gap, one point per token budget (notebook 11).
+
+    Parameters
+    ----------
+    trade : DataFrame
+        :func:`batchlab.experiments.chunking_tradeoff`: ``max_num_batched_tokens``, ``log2_budget`` (an
+        evenly spaced grid), ``ttft_ms``, ``max_itl_ms``, ``base_itl_ms`` (ms), ``chunks``.
+
+    Returns
+    -------
+    altair chart; a slider over log2 of the budget rings the chosen point and reads its numbers; the decoders'
+    cadence before the prompt arrived is a dashed rule.
+    """
+    param, at = grid_param("log2_budget", trade["log2_budget"], "max_num_batched_tokens = 2^",
+                           value=float(trade["log2_budget"].max()))
+    x = alt.X("ttft_ms:Q", title="newcomer's ttft (ms)", scale=alt.Scale(zero=False))
+    y = alt.Y("max_itl_ms:Q", title="tallest decoder gap (ms)", scale=alt.Scale(zero=True))
+    base = alt.Chart(trade).encode(x=x, y=y)
+    tooltip = ["max_num_batched_tokens:Q", "chunks:Q", alt.Tooltip("ttft_ms:Q", format=".0f"),
+               alt.Tooltip("max_itl_ms:Q", format=".0f")]
+    cadence = alt.Chart(pd.DataFrame({"max_itl_ms": [float(trade["base_itl_ms"].median())],
+                                      "text": ["decode cadence before the prompt arrived"]}))
+    picked = base.transform_filter(at).transform_calculate(label=(
+        "format(datum.max_num_batched_tokens, ',') + ' tokens: ' + datum.chunks + ' chunk(s), ttft '"
+        " + format(datum.ttft_ms, ',.0f') + ' ms, gap ' + format(datum.max_itl_ms, ',.0f') + ' ms'"))
+    return alt.layer(
+        base.mark_line(point=True, color=PALETTE[0]).encode(order="max_num_batched_tokens:Q", tooltip=tooltip),
+        base.mark_text(align="left", dx=7, dy=-7, color="#555555").encode(text=alt.Text("max_num_batched_tokens:Q", format=",")),
+        cadence.mark_rule(color="#888888", strokeDash=[4, 3]).encode(y="max_itl_ms:Q"),
+        cadence.mark_text(align="left", baseline="bottom", dy=-3, color="#555555").encode(
+            x=alt.value(4), y="max_itl_ms:Q", text="text:N"),
+        picked.mark_point(size=260, filled=False, color="black", strokeWidth=2),
+        picked.mark_text(align="right", baseline="top", fontWeight="bold").encode(
+            x=alt.value(width), y=alt.value(4), text="label:N"),
+    ).properties(width=width, height=height).add_params(param)

@@ -37,6 +37,7 @@ SLIDER_PAGES = {
     "notebooks/04_step_time_roofline": 1,  # context per sequence (its grid index)
     "notebooks/06_chunked_prefill": 1,  # token budget (and a chunking checkbox)
     "notebooks/07_piggybacking": 1,  # token budget of the split chart
+    "notebooks/11_fact_check": 1,
 }
 
 
@@ -138,6 +139,7 @@ def test_toc_pages_were_built():
 
 def test_slider_pages_are_in_toc():
     assert set(SLIDER_PAGES) <= set(PAGES), "SLIDER_PAGES names a page that is not in _toc.yml"
+    assert set(SELECT_PAGES) <= set(PAGES), "SELECT_PAGES names a page that is not in _toc.yml"
 
 
 @pytest.mark.parametrize("visit", PAGES, indirect=True)
@@ -176,6 +178,33 @@ def test_every_bound_slider_redraws_its_chart(visit):
             arg=[chart_id, before], timeout=10_000)
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         chart.screenshot(path=str(SCREENSHOTS / f"{Path(page).name}-slider{i + 1}.png"))
+    assert not v.errors, f"{page}: console errors {v.errors}"
+
+
+# Page -> how many select boxes bound to its charts; choosing another option in each must redraw its chart.
+SELECT_PAGES = {
+    "notebooks/10_validation": 1,
+}
+
+
+@pytest.mark.parametrize("visit", sorted(SELECT_PAGES), indirect=True)
+def test_every_bound_select_redraws_its_chart(visit):
+    page, v = visit
+    selects = v.page.locator(f"{CHART} .vega-bindings select")
+    assert selects.count() >= SELECT_PAGES[page], f"{page}: expected {SELECT_PAGES[page]} select boxes"
+    for i in range(selects.count()):
+        select = selects.nth(i)
+        chart = select.locator("xpath=ancestor::div[starts-with(@id, 'batchlab-chart-')][1]")
+        chart_id = chart.get_attribute("id")
+        v.wait_drawn(chart_id)
+        before = chart.locator("svg").first.inner_html()
+        options = select.locator("option").evaluate_all("opts => opts.map(o => o.value)")
+        select.select_option(next(o for o in options if o != select.input_value()))
+        v.page.wait_for_function(
+            "([id, old]) => { const s = document.querySelector('#' + id + ' svg'); return s && s.innerHTML !== old; }",
+            arg=[chart_id, before], timeout=10_000)
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        chart.screenshot(path=str(SCREENSHOTS / f"{Path(page).name}-select{i + 1}.png"))
     assert not v.errors, f"{page}: console errors {v.errors}"
 
 
