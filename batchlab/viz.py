@@ -868,10 +868,12 @@ def spike_chart(itl: pd.DataFrame, behind: pd.DataFrame, reference_ms: float | N
 # --- 10_validation ---
 STAGE_LABELS = {"before": "before calibration", "after": "after calibration"}
 GROUP_COLORS = {"fit": PALETTE[0], "ridge": PALETTE[1], "held out": PALETTE[3]}
-# Log axes spanning many decades: label the powers of ten only ("0.01", "1", "100"; "1e-5" below 0.001).
+# Log axes spanning one to eight decades: label 1, 2 and 5 times a power of ten ("0.02", "5", "1e-4" below 0.001)
+# and let the axis drop labels that would overlap.
 _DECADE = "log(datum.value) / LN10"
-POW10_LABEL = (f"abs({_DECADE} - round({_DECADE})) < 1e-6 ? (datum.value >= 0.001 ? format(datum.value, '~g') "
-               f": '1e' + round({_DECADE})) : ''")
+_MANTISSA = f"datum.value / pow(10, floor({_DECADE} + 1e-9))"
+LOG125_LABEL = (f"(abs({_MANTISSA} - 1) < 1e-6 || abs({_MANTISSA} - 2) < 1e-6 || abs({_MANTISSA} - 5) < 1e-6) ? "
+                "(datum.value >= 0.001 ? format(datum.value, '~g') : format(datum.value, '.0e')) : ''")
 
 
 def parity_frame(sample: pd.DataFrame, band: float = 0.15) -> pd.DataFrame:
@@ -919,7 +921,7 @@ def parity_chart(sample: pd.DataFrame, value: str | None = None, band: float = 0
     sets = list(dict.fromkeys(sample["set"]))
     param = alt.param(name="measured_set", value=value or sets[0],
                       bind=alt.binding_select(options=sets, name="measured set "))
-    axis = {"scale": alt.Scale(type="log", nice=False), "axis": alt.Axis(labelExpr=POW10_LABEL)}
+    axis = {"scale": alt.Scale(type="log", nice=False), "axis": alt.Axis(labelExpr=LOG125_LABEL, labelOverlap="greedy")}
     x = alt.X("measured_ms:Q", title="measured time (ms)", **axis)
     y = alt.Y("predicted_ms:Q", title="predicted time (ms)", **axis)
     base = alt.Chart().transform_filter("datum.set == measured_set")
