@@ -19,7 +19,7 @@ def frames():
 def test_spike_chart(frames):
     itl, behind, _, _ = frames
     spec = viz.spike_chart(itl, behind, 400, "the article's 400 ms").to_dict()
-    assert "title" not in spec and len(spec["hconcat"]) == 2
+    assert "title" not in spec and len(spec["vconcat"]) == 2
     params = {p["name"]: p for p in spec["params"]}
     assert set(params) == {"model", "order"}
     assert params["model"]["bind"] == {"input": "select", "options": ["8b", "70b"], "name": "model"}
@@ -28,7 +28,7 @@ def test_spike_chart(frames):
     picks = [f for f in walk(spec, "filter") if isinstance(f, str) and "== model" in f]
     assert len(picks) == 3 and all("== order" in f for f in picks)  # dots, spike label, ttft panel
     assert {"circle", "text", "rule", "line"} <= marks(spec)
-    timeline, ttft = spec["hconcat"]
+    timeline, ttft = spec["vconcat"]
     dots = timeline["layer"][0]["encoding"]
     assert dots["x"]["field"] == "time_s" and dots["y"]["field"] == "itl_ms"
     assert ttft["encoding"]["color"]["field"] == "run" and ttft["encoding"]["y"]["field"] == "ttft_ms"
@@ -41,11 +41,11 @@ def test_spike_chart(frames):
 def test_spike_label_marks_the_largest_gap(frames):
     itl, behind, _, _ = frames
     spec = viz.spike_chart(itl, behind).to_dict()
-    label = spec["hconcat"][0]["layer"][1]
+    label = spec["vconcat"][0]["layer"][1]
     ops = [t for t in label["transform"] if "joinaggregate" in t or "filter" in t]
     assert ops[-2]["joinaggregate"] == [{"op": "max", "field": "itl_ms", "as": "top"}]
     assert ops[-1]["filter"] == "datum.itl_ms == datum.top"
-    assert len(spec["hconcat"][0]["layer"]) == 2  # no reference rule unless asked
+    assert len(spec["vconcat"][0]["layer"]) == 2  # no reference rule unless asked
 
 
 def test_choice_param():
