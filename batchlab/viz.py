@@ -753,7 +753,7 @@ def occupancy_panels_chart(df: pd.DataFrame, facet: str = "policy"):
 COST_COLORS = {"roofline": PALETTE[0], "calibrated": PALETTE[1]}
 
 
-def step_time_roofline_chart(curves: pd.DataFrame, knees: pd.DataFrame, width: int = 280, height: int = 250):
+def step_time_roofline_chart(curves: pd.DataFrame, knees: pd.DataFrame, width: int = 215, height: int = 230):
     """Decode step time against batch on log-log axes, one panel per GPU, a slider over context (notebook 04).
 
     Parameters
@@ -788,7 +788,7 @@ def step_time_roofline_chart(curves: pd.DataFrame, knees: pd.DataFrame, width: i
     for hw in curves["hardware"].unique():
         line = alt.Chart(curves[curves["hardware"] == hw]).transform_filter(at)
         knee = alt.Chart(knees[knees["hardware"] == hw]).transform_filter(at)
-        head = f"'{hw} · ' + format(datum.context, ',') + ' tokens of context per sequence'"
+        head = f"'{hw} · context ' + format(datum.context, ',') + ' tokens'"
         panels.append(alt.layer(
             line.transform_filter("datum.kv_fits").mark_line().encode(x=x, y=y, color=color),
             line.mark_line(opacity=0.35, strokeDash=[2, 2]).encode(x=x, y=y, color=color),
@@ -817,7 +817,7 @@ def choice_param(name: str, options, label: str | None = None, field: str | None
 
 
 def spike_chart(itl: pd.DataFrame, behind: pd.DataFrame, reference_ms: float | None = None,
-                reference_label: str = "", width: int = 330, height: int = 240):
+                reference_label: str = "", width: int = 520, height: int = 230):
     """The decoders' inter-token gaps around a long unchunked prompt, and the TTFT of requests behind it (notebook 05).
 
     Parameters
@@ -830,12 +830,12 @@ def spike_chart(itl: pd.DataFrame, behind: pd.DataFrame, reference_ms: float | N
     reference_ms : float, optional
         A gap to draw as a dashed horizontal rule (e.g. a published number), labelled ``reference_label``.
     width, height : int
-        Pixels of the timeline panel (the TTFT panel is narrower).
+        Pixels of the timeline panel; the TTFT panel below it is as wide and shorter.
 
     Returns
     -------
     altair chart with two select boxes, ``model`` and ``order``, that pick the run both panels show; the
-    largest gap is labelled with its value.
+    largest gap is labelled with its value. The panels are stacked so the chart fits the text column.
     """
     model, at_model = choice_param("model", itl["model"].unique(), "model")
     order, at_order = choice_param("order", itl["order"].unique(), "scheduler order")
@@ -858,11 +858,12 @@ def spike_chart(itl: pd.DataFrame, behind: pd.DataFrame, reference_ms: float | N
                        x=alt.value(width), y=y, text="text:N")]
     ttft = alt.Chart(behind).transform_filter(pick).mark_line(point=True).encode(
         x=alt.X("arrival_ms:Q", title="arrival after the long prompt (ms)"), y=alt.Y("ttft_ms:Q", title="ttft (ms)"),
-        color=alt.Color("run:N", title=None, legend=alt.Legend(orient="right"),
+        color=alt.Color("run:N", title=None, legend=alt.Legend(orient="top"),
                         scale=alt.Scale(domain=sorted(behind["run"].unique()), range=[PALETTE[3], PALETTE[2]])),
         tooltip=["run:N", alt.Tooltip("arrival_ms:Q", format=".1f"), alt.Tooltip("ttft_ms:Q", format=".1f")])
-    return alt.hconcat(alt.layer(*layers).properties(width=width, height=height),
-                       ttft.properties(width=190, height=height)).add_params(model, order)
+    return alt.vconcat(alt.layer(*layers).properties(width=width, height=height),
+                       ttft.properties(width=width, height=int(height * 0.6))).resolve_legend(
+        color="independent").add_params(model, order)  # the legend sits with the panel it belongs to
 
 
 # --- 10_validation ---
