@@ -183,6 +183,7 @@ def test_every_bound_slider_redraws_its_chart(visit):
 
 # Page -> how many select boxes bound to its charts; choosing another option in each must redraw its chart.
 SELECT_PAGES = {
+    "notebooks/05_prefill_spike": 2,  # model and scheduler order
     "notebooks/10_validation": 1,
 }
 
