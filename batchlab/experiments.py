@@ -1128,3 +1128,144 @@ def _tradeoff_run(cost, budget, decoders, context, prompt_tokens, newcomer_outpu
     n_chunks = int(((sched["request"] == decoders) & (sched["kind"] == "prefill")).sum())
     return {"ttft_ms": new["ttft_s"] * 1e3, "max_itl_ms": during * 1e3, "base_itl_ms": before * 1e3,
             "chunks": n_chunks}
+
+
+# --- 08_two_knobs ---
+from .hardware import get_hardware  # noqa: E402  (kept in this section: the file is shared by several notebooks)
+from .sim import vllm_defaults  # noqa: E402
+from .sweep import sweep  # noqa: E402
+from .workload import preset  # noqa: E402
+
+
+def saturation_rate(cost, workload: str, n_requests: int, *, seed=0, **knobs) -> float:
+    """Requests/s the server completes when every request of a real-trace preset is queued at time 0 (notebook 08).
+
+    The capacity that request rates are expressed against: ``request_throughput`` of one ``chunked`` run of
+    ``preset(workload, n_requests, rate=inf, seed=seed)`` with ``knobs`` (vLLM's defaults for the GPU if none).
+    The drain at the end of the run, when fewer requests are left than the batch holds, is included, so this
+    is slightly below the steady-state capacity.
+    """
+    stream = preset(workload, n_requests, rate=np.inf, seed=seed)
+    return float(simulate(stream, "chunked", cost, **knobs).summary()["request_throughput"])
+
+
+def two_knob_sweep(cost, workload: str, rates, max_num_seqs, max_num_batched_tokens, *, n_requests: int = 3000,
+                   seed=0, executor=None) -> pd.DataFrame:
+    """Every (``max_num_seqs``, ``max_num_batched_tokens``) pair under ``chunked`` at every request rate (notebook 08).
+
+    Each rate replays ``preset(workload, n_requests, rate, seed)``; with one seed the prompt and output lengths
+    are the same at every rate and the arrival gaps only scale (common random numbers).
+
+    Parameters
+    ----------
+    cost : CostModel
+    workload : str
+        A real-trace preset (:func:`batchlab.preset_names`).
+    rates : sequence of float
+        Mean arrival rates (requests/s).
+    max_num_seqs, max_num_batched_tokens : sequence of int
+        The grid (sequences, tokens per iteration).
+    n_requests : int
+    seed : int
+    executor : concurrent.futures.Executor, optional
+        Passed to :func:`batchlab.sweep`; the frame is the same with any executor.
+
+    Returns
+    -------
+    DataFrame
+        One row per rate and pair, rates outermost: ``rate`` (req/s), the knobs, the ``summary()`` columns, and
+        ``vllm_refuses`` (True where ``max_num_batched_tokens < max_num_seqs``, which vLLM's
+        ``SchedulerConfig`` rejects at start-up; the simulator runs them anyway).
+    """
+    grid = {"max_num_seqs": [int(s) for s in max_num_seqs],
+            "max_num_batched_tokens": [int(t) for t in max_num_batched_tokens]}
+    parts = [sweep(preset(workload, n_requests, rate=float(rate), seed=seed), grid, cost, policy="chunked",
+                   executor=executor, progress=False).assign(rate=float(rate)) for rate in rates]
+    df = pd.concat(parts, ignore_index=True)
+    df["vllm_refuses"] = df["max_num_batched_tokens"] < df["max_num_seqs"]
+    return df
+
+
+def tolerant_front(df: pd.DataFrame, x: str = "output_throughput", y: str = "p99_ttft_ms",
+                   rel_tol: float = 0.01) -> np.ndarray:
+    """Mask of the rows on the latency-throughput frontier, counting throughputs within ``rel_tol`` as equal.
+
+    A row is beaten when another has a lower ``y`` at an ``x`` of at least (1 - rel_tol) times its own, or an
+    equal-or-lower ``y`` at a higher ``x``; ``x`` is maximised, ``y`` minimised. With ``rel_tol = 0`` this is
+    exact Pareto dominance (:func:`batchlab.is_dominated`); a positive tolerance also removes rows that are
+    ahead only by the drain tail of a finite run. Of rows with identical (x, y), only the first is kept, so
+    the frontier names the configuration that comes first in grid order (the smallest ``max_num_seqs``).
+    Every row kept is non-dominated in the exact sense.
+    """
+    if not 0 <= rel_tol < 1:
+        raise ValueError(f"rel_tol must be in [0, 1), got {rel_tol!r}")
+    xs, ys = df[x].to_numpy(dtype=float), df[y].to_numpy(dtype=float)
+    lower = (ys[None, :] < ys[:, None]) & (xs[None, :] >= xs[:, None] * (1 - rel_tol))
+    faster = (ys[None, :] <= ys[:, None]) & (xs[None, :] > xs[:, None])
+    return ~(lower | faster).any(axis=1) & ~df.duplicated([x, y]).to_numpy()
+
+
+def with_frontier(df: pd.DataFrame, x: str = "output_throughput", y: str = "p99_ttft_ms",
+                  rel_tol: float = 0.01) -> pd.DataFrame:
+    """``df`` with a boolean ``frontier`` column: :func:`tolerant_front` over the configurations vLLM accepts.
+
+    Rows with ``vllm_refuses`` are never on the frontier and never push another row off it.
+    """
+    accepted = df[~df["vllm_refuses"]]
+    front = accepted.index[tolerant_front(accepted, x, y, rel_tol)]
+    return df.assign(frontier=df.index.isin(front))
+
+
+def seqs_plateau(df: pd.DataFrame, y: str = "p99_ttft_ms", tol: float = 0.05) -> pd.DataFrame:
+    """Per rate and token budget, the smallest ``max_num_seqs`` whose ``y`` is within ``tol`` of the best one.
+
+    Where raising the concurrency cap stops paying: every larger cap improves ``y`` by less than ``tol``
+    (a fraction) over this one. Returns ``rate``, ``max_num_batched_tokens``, ``max_num_seqs``, ``y`` there
+    and ``best_<y>`` (the lowest over all caps).
+    """
+    rows = []
+    for (rate, tokens), g in df.groupby(["rate", "max_num_batched_tokens"], sort=True):
+        best = float(g[y].min())
+        first = g[g[y] <= best * (1 + tol)].sort_values("max_num_seqs").iloc[0]
+        rows.append({"rate": rate, "max_num_batched_tokens": int(tokens), "max_num_seqs": int(first["max_num_seqs"]),
+                     y: float(first[y]), f"best_{y}": best})
+    return pd.DataFrame(rows)
+
+
+def default_vs_best(df: pd.DataFrame, defaults: dict, x: str = "output_throughput", y: str = "p99_ttft_ms",
+                    rel_tol: float = 0.01, also=("p99_itl_ms",)) -> pd.DataFrame:
+    """Per rate, vLLM's default configuration beside the lowest-``y`` configuration at the same throughput.
+
+    "Same throughput" means an ``x`` of at least (1 - rel_tol) times the default's, at any rate of the sweep;
+    configurations vLLM refuses are left out. Ties go to the first in grid order. Returns one row per rate:
+    ``rate``, ``default_<col>`` and ``best_<col>`` for ``x``, ``y`` and each column of ``also``, and the
+    best configuration's ``best_max_num_seqs`` and ``best_max_num_batched_tokens``.
+    """
+    ok = df[~df["vllm_refuses"]]
+    cols = [x, y, *also]
+    rows = []
+    for rate, g in ok.groupby("rate", sort=True):
+        dflt = g[(g["max_num_seqs"] == defaults["max_num_seqs"])
+                 & (g["max_num_batched_tokens"] == defaults["max_num_batched_tokens"])].iloc[0]
+        peers = ok[ok[x] >= dflt[x] * (1 - rel_tol)]
+        best = peers.loc[peers[y].idxmin()]
+        rows.append({"rate": rate} | {f"default_{c}": float(dflt[c]) for c in cols}
+                    | {f"best_{c}": float(best[c]) for c in cols}
+                    | {f"best_{k}": int(best[k]) for k in ("max_num_seqs", "max_num_batched_tokens")})
+    return pd.DataFrame(rows)
+
+
+def vllm_defaults_table(gpus=("h100-sxm", "h200", "a100-80gb")) -> pd.DataFrame:
+    """vLLM's default knobs per GPU (:func:`batchlab.vllm_defaults`): they depend on the GPU, not on the model.
+
+    Returns one row per GPU: ``gpu``, ``hbm_gib`` (GiB), ``max_num_seqs``, ``max_num_batched_tokens_serve``
+    (``vllm serve``) and ``max_num_batched_tokens_offline`` (the ``LLM`` class).
+    """
+    rows = []
+    for name in gpus:
+        hw = get_hardware(name)
+        serve, offline = vllm_defaults(hw, "serve"), vllm_defaults(hw, "offline")
+        rows.append({"gpu": name, "hbm_gib": hw.hbm_bytes / 2**30, "max_num_seqs": serve["max_num_seqs"],
+                     "max_num_batched_tokens_serve": serve["max_num_batched_tokens"],
+                     "max_num_batched_tokens_offline": offline["max_num_batched_tokens"]})
+    return pd.DataFrame(rows)

@@ -1010,3 +1010,88 @@ def tradeoff_chart(trade: pd.DataFrame, width: int = 420, height: int = 260):
         picked.mark_text(align="right", baseline="top", fontWeight="bold").encode(
             x=alt.value(width), y=alt.value(4), text="label:N"),
     ).properties(width=width, height=height).add_params(param)
+
+
+# --- 08_two_knobs ---
+TWO_KNOB_KINDS = ("accepted", "refused by vLLM", "vLLM serve default", "vLLM offline default")
+TWO_KNOB_SHAPES = ("circle", "cross", "diamond", "square")
+HIGHLIGHT = PALETTE[2]  # green: the point the sliders pick
+RATE_COLORS = [PALETTE[i] for i in (5, 0, 1, 3, 4, 7)]  # loads, low to high; no green, that is the highlight
+
+
+def two_knobs_chart(df: pd.DataFrame, defaults: dict, offline_tokens: int | None = None, rate_value=None,
+                    x: str = "output_throughput", y: str = "p99_ttft_ms", y2: str = "p99_itl_ms"):
+    """Every operating point of a two-knob sweep, its frontier, vLLM's defaults and the chosen point (notebook 08).
+
+    Parameters
+    ----------
+    df : DataFrame
+        :func:`batchlab.experiments.two_knob_sweep` with a boolean ``frontier`` column: ``rate`` (req/s),
+        ``max_num_seqs``, ``max_num_batched_tokens`` (powers of two), ``vllm_refuses``, ``x``, ``y``, ``y2``.
+    defaults : dict
+        vLLM's ``vllm serve`` defaults (:func:`batchlab.vllm_defaults`): the slider start and a marked point.
+    offline_tokens : int, optional
+        ``max_num_batched_tokens`` of the offline default (same ``max_num_seqs``), marked too.
+    rate_value : float, optional
+        The rate selected at first (default: the second highest).
+    x, y, y2 : str
+        Throughput (tok/s) and the two latencies (ms): ``y`` in the top panel with the frontier, ``y2`` below.
+
+    Returns
+    -------
+    altair chart: two sliders (log2 of each knob; a select box if a knob's grid is not evenly spaced in log2)
+    and radio buttons for the rate pick the green point; the points of the
+    selected rate are drawn stronger than the rest, and the text above reads the chosen configuration.
+    """
+    data = df[["rate", "max_num_seqs", "max_num_batched_tokens", "vllm_refuses", "frontier", x, y, y2]].copy()
+    data["log2_seqs"] = np.log2(data["max_num_seqs"]).round().astype(int)
+    data["log2_tokens"] = np.log2(data["max_num_batched_tokens"]).round().astype(int)
+    data["kind"] = np.where(data["vllm_refuses"], TWO_KNOB_KINDS[1], TWO_KNOB_KINDS[0])
+    rates = np.sort(data["rate"].unique())
+    seqs_p, at_seqs = grid_param("log2_seqs", data["log2_seqs"], "max_num_seqs = 2^",
+                                 value=int(np.log2(defaults["max_num_seqs"])))
+    tok_p, at_tok = grid_param("log2_tokens", data["log2_tokens"], "max_num_batched_tokens = 2^",
+                               value=int(np.log2(defaults["max_num_batched_tokens"])))
+    rate_value = rates[max(rates.size - 2, 0)] if rate_value is None else rate_value
+    # Radio buttons, not grid_param: a handful of loads reads better as named choices than as a slider.
+    rate_p = alt.param(name="rate", value=float(rate_value),
+                       bind=alt.binding_radio(options=rates.tolist(), name="request rate (req/s) "))
+    at_rate = f"abs(datum['rate'] - rate) < {float(np.diff(rates).min() / 2) if rates.size > 1 else 0.5!r}"
+    marks = [data[(data["max_num_seqs"] == defaults["max_num_seqs"])
+                  & (data["max_num_batched_tokens"] == defaults["max_num_batched_tokens"])].assign(kind=TWO_KNOB_KINDS[2])]
+    if offline_tokens is not None:
+        marks.append(data[(data["max_num_seqs"] == defaults["max_num_seqs"])
+                          & (data["max_num_batched_tokens"] == offline_tokens)].assign(kind=TWO_KNOB_KINDS[3]))
+    marks = pd.concat(marks, ignore_index=True)
+    chosen = f"{at_seqs} && {at_tok} && {at_rate}"
+    tooltip = [alt.Tooltip("rate:Q", title="rate (req/s)"), "max_num_seqs:Q", "max_num_batched_tokens:Q",
+               alt.Tooltip(f"{x}:Q", format=",.0f", title=title(x)), alt.Tooltip(f"{y}:Q", format=",.0f", title=title(y)),
+               alt.Tooltip(f"{y2}:Q", format=",.0f", title=title(y2))]
+    shape = alt.Shape("kind:N", title=None, scale=alt.Scale(domain=list(TWO_KNOB_KINDS), range=list(TWO_KNOB_SHAPES)),
+                      legend=alt.Legend(orient="bottom"))
+    xenc = alt.X(f"{x}:Q", title=title(x), scale=alt.Scale(zero=False))
+
+    def panel(col, height, frontier):
+        yenc = alt.Y(f"{col}:Q", title=title(col), scale=alt.Scale(type="log"))
+        base = alt.Chart(data).encode(x=xenc, y=yenc)
+        layers = [base.mark_point(filled=True, size=40).encode(
+            color=alt.Color("rate:N", title="request rate (req/s)", scale=alt.Scale(range=RATE_COLORS),
+                            legend=alt.Legend(orient="bottom")), shape=shape,
+            opacity=alt.when(at_rate).then(alt.value(0.6)).otherwise(alt.value(0.12)), tooltip=tooltip)]
+        if frontier:
+            layers.append(base.transform_filter("datum.frontier").mark_line(color="black", point=True, strokeWidth=1.5))
+        layers.append(alt.Chart(marks).mark_point(size=170, filled=False, color="black", strokeWidth=1.5).encode(
+            x=xenc, y=yenc, shape=shape, opacity=alt.when(at_rate).then(alt.value(1.0)).otherwise(alt.value(0.25)),
+            tooltip=tooltip))
+        layers.append(base.transform_filter(chosen).mark_point(
+            filled=True, size=260, color=HIGHLIGHT, stroke="black", strokeWidth=1.5, opacity=1).encode(tooltip=tooltip))
+        return alt.layer(*layers).properties(width=560, height=height)
+
+    readout = alt.Chart(data).transform_filter(chosen).transform_calculate(label=(
+        "'max_num_seqs ' + datum.max_num_seqs + ', max_num_batched_tokens ' + datum.max_num_batched_tokens"
+        f" + ' at ' + datum.rate + ' req/s: ' + format(datum['{x}'], ',.0f') + ' tok/s, "
+        f"{title(y).split(' (')[0]} ' + format(datum['{y}'], ',.0f') + ' ms, {title(y2).split(' (')[0]} '"
+        f" + format(datum['{y2}'], ',.0f') + ' ms' + (datum.vllm_refuses ? ' (vLLM refuses this)' : '')")
+    ).mark_text(align="left", fontSize=12, fontWeight="bold", color="#333333").encode(
+        x=alt.value(0), y=alt.value(0), text="label:N").properties(width=560, height=14)
+    return alt.vconcat(readout, panel(y, 300, True), panel(y2, 170, False), spacing=6).add_params(seqs_p, tok_p, rate_p)

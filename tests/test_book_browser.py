@@ -37,6 +37,7 @@ SLIDER_PAGES = {
     "notebooks/04_step_time_roofline": 1,  # context per sequence (its grid index)
     "notebooks/06_chunked_prefill": 1,  # token budget (and a chunking checkbox)
     "notebooks/07_piggybacking": 1,  # token budget of the split chart
+    "notebooks/08_two_knobs": 2,  # max_num_seqs and max_num_batched_tokens (the rate is radio buttons)
     "notebooks/11_fact_check": 1,
 }
 
