@@ -137,6 +137,25 @@ def _script_json(obj) -> str:
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
+def _library_html() -> str:
+    return f'<script type="text/javascript" data-batchlab-library="1">{offline_bundle()}</script>'
+
+
+def ensure_library() -> None:
+    """In a live kernel, show the chart library once, as an ordinary output, unless a chart already carried it.
+
+    Call it before drawing charts inside an ipywidgets ``Output`` (``widgets.explore`` does): a 0.9 MB script
+    carried through a widget's state stalls nbclient (``jupyter execute``, nbconvert) until its timeout.
+    """
+    global _library_sent
+    if os.environ.get(BOOK_ENV) == "1" or _library_sent:
+        return
+    _library_sent = True
+    from IPython.display import display
+
+    display({"text/html": _library_html(), "text/plain": ""}, raw=True)
+
+
 def render(spec: dict, **metadata) -> dict:
     """Altair renderer ``batchlab``: a div, a vegaEmbed call and, once per live kernel, the library.
 
@@ -150,7 +169,7 @@ def render(spec: dict, **metadata) -> dict:
             + "</script>")
     if os.environ.get(BOOK_ENV) != "1" and not _library_sent:
         _library_sent = True
-        html = f'<script type="text/javascript" data-batchlab-library="1">{offline_bundle()}</script>\n{html}'
+        html = f"{_library_html()}\n{html}"
     bundle = {"text/html": html, "text/plain": f"<batchlab chart {chart_id}>"}
     if os.environ.get(BOOK_ENV) != "1":  # myst-nb warns about (and cannot draw) the Vega-Lite mimetype
         bundle[VEGALITE_MIME] = spec
@@ -405,6 +424,460 @@ def frontier_chart(df: pd.DataFrame, x: str = "output_throughput", y: str = "p99
     return chart.add_params(param) if param is not None else chart
 
 
+# --- 02_dynamic_batching ---
+POLICY_COLORS = {"static": "#D55E00", "dynamic": "#0072B2", "continuous": "#009E73", "chunked": "#CC79A7"}
+LATENCY_LABELS = {"mean_e2el_ms": "mean e2el", "p99_e2el_ms": "p99 e2el", "mean_ttft_ms": "mean ttft",
+                  "p99_ttft_ms": "p99 ttft"}
+
+
+def _policy_color(policies):
+    domain = [p for p in POLICY_COLORS if p in set(policies)]
+    return alt.Color("policy:N", title=None, sort=domain, legend=alt.Legend(orient="top"),
+                     scale=alt.Scale(domain=domain, range=[POLICY_COLORS[p] for p in domain]))
+
+
+def latency_frame(runs: pd.DataFrame) -> pd.DataFrame:
+    """:func:`batchlab.experiments.policy_grid` rows as one row per run and latency metric.
+
+    Columns: the run's ``load`` (if any), ``rate_req_s``, ``policy``, ``max_queue_delay_ms`` (NaN except
+    dynamic), ``metric`` (a :data:`LATENCY_LABELS` value such as "p99 e2el") and ``latency_s`` (s).
+    """
+    ids = [c for c in ("load", "rate_req_s", "policy", "max_queue_delay_s") if c in runs]
+    long = runs.melt(id_vars=ids, value_vars=list(LATENCY_LABELS), var_name="metric", value_name="latency_ms")
+    long["metric"] = long["metric"].map(LATENCY_LABELS)
+    long["latency_s"] = long.pop("latency_ms") / 1e3
+    long["max_queue_delay_ms"] = long.pop("max_queue_delay_s") * 1e3
+    return long
+
+
+def queue_delay_chart(runs: pd.DataFrame, facet: str = "load"):
+    """Latency against dynamic batching's max queue delay, other policies as reference lines (notebook 02).
+
+    Parameters
+    ----------
+    runs : DataFrame
+        :func:`batchlab.experiments.policy_grid` with dynamic runs on an evenly spaced delay grid and a
+        ``facet`` column (one panel per load, ordered by ``rate_req_s``).
+    facet : str
+        Column splitting the panels.
+
+    Returns
+    -------
+    altair chart; a slider over the delay marks and labels the dynamic point in every panel, a select box
+    picks the latency metric (mean or p99, e2el or ttft). Latency is on a log axis.
+    """
+    long = latency_frame(runs)
+    delay, at_delay = grid_param("delay", long["max_queue_delay_ms"].dropna(), "max queue delay (ms)",
+                                 field="max_queue_delay_ms")
+    metric = alt.param(name="metric", value=LATENCY_LABELS["mean_e2el_ms"],
+                       bind=alt.binding_select(options=list(LATENCY_LABELS.values()), name="latency "))
+    x = alt.X("max_queue_delay_ms:Q", title="max queue delay (ms)")
+    # Fixed label room and 16 px of padding: switching the metric changes the tick labels and moves the lowest
+    # line's label (drawn under it) to the bottom; neither may grow the chart past its container.
+    y = alt.Y("latency_s:Q", title="latency (s)", scale=alt.Scale(type="log", padding=16),
+              axis=alt.Axis(minExtent=40, maxExtent=40))
+    color = _policy_color(long["policy"])
+    base = alt.Chart().transform_filter("datum.metric == metric")
+    dyn = base.transform_filter("datum.policy == 'dynamic'")
+    ref = base.transform_filter("datum.policy != 'dynamic'")
+    xmax = float(long["max_queue_delay_ms"].max())
+    picked = dyn.transform_filter(at_delay).transform_calculate(label="format(datum.latency_s, '.3~s') + ' s'")
+    layers = [dyn.mark_line(point=True).encode(x=x, y=y, color=color),
+              ref.mark_rule(strokeDash=[5, 3]).encode(y=y, color=color),
+              # continuous and chunked often coincide: one label under its line on the left, the others above
+              ref.transform_filter("datum.policy == 'continuous'").mark_text(align="left", baseline="top", dy=3)
+              .encode(x=alt.datum(0.0), y=y, color=color, text="policy:N"),
+              ref.transform_filter("datum.policy != 'continuous'").mark_text(align="right", baseline="bottom", dy=-2)
+              .encode(x=alt.datum(xmax), y=y, color=color, text="policy:N"),
+              picked.mark_point(size=180, color="black", filled=False).encode(x=x, y=y),
+              picked.transform_filter(f"datum.max_queue_delay_ms <= {xmax / 2}").mark_text(
+                  align="left", dx=9, dy=-9, fontWeight="bold").encode(x=x, y=y, text="label:N"),
+              # higher up than the left-hand label: the reference lines' names sit just above them on the right
+              picked.transform_filter(f"datum.max_queue_delay_ms > {xmax / 2}").mark_text(
+                  align="right", dx=-6, dy=-20, fontWeight="bold").encode(x=x, y=y, text="label:N")]
+    panels = alt.layer(*layers, data=long).properties(width=235, height=260)
+    order = runs.groupby(facet)["rate_req_s"].min().sort_values().index.tolist()
+    return panels.facet(column=alt.Column(f"{facet}:N", title=None, sort=order)).resolve_scale(
+        y="independent").add_params(delay, metric)
+
+
+def load_sweep_chart(runs: pd.DataFrame, capacities: pd.DataFrame, metric: str = "mean_e2el_ms"):
+    """Latency against offered load per policy on log-log axes, saturation throughputs as rules (notebook 02).
+
+    Parameters
+    ----------
+    runs : DataFrame
+        :func:`batchlab.experiments.policy_grid` over several rates (at most one delay for dynamic).
+    capacities : DataFrame
+        ``rate_req_s`` (req/s) and ``label`` of each vertical rule, e.g. each policy's saturation throughput.
+    metric : str
+        A latency column of ``runs`` (ms); plotted in seconds.
+    """
+    df = runs.assign(latency_s=runs[metric] / 1e3)
+    lo, hi = df["rate_req_s"].min(), max(df["rate_req_s"].max(), capacities["rate_req_s"].max())
+    x = alt.X("rate_req_s:Q", title="offered load (req/s)",
+              scale=alt.Scale(type="log", nice=False, domain=[0.8 * lo, 1.3 * hi]))
+    lines = alt.Chart(df).mark_line(point=True).encode(
+        x=x, y=alt.Y("latency_s:Q", title=f"{LATENCY_LABELS.get(metric, title(metric))} (s)",
+                     scale=alt.Scale(type="log")),
+        color=_policy_color(df["policy"]), tooltip=["policy:N", alt.Tooltip("rate_req_s:Q", format=".3~g"),
+                                                    alt.Tooltip("latency_s:Q", format=".3~g")])
+    rules = alt.Chart(capacities).mark_rule(color="#888888", strokeDash=[2, 2]).encode(x="rate_req_s:Q")
+    text = alt.Chart(capacities).mark_text(align="right", angle=270, baseline="bottom", dx=-4, color="#555555",
+                                           y=0).encode(x="rate_req_s:Q", text="label:N")
+    return alt.layer(lines, rules, text).properties(width=460, height=280)
+
+
+# --- 04_step_time_roofline ---
+COST_COLORS = {"roofline": PALETTE[0], "calibrated": PALETTE[1]}
+
+
+def step_time_roofline_chart(curves: pd.DataFrame, knees: pd.DataFrame, width: int = 215, height: int = 230):
+    """Decode step time against batch on log-log axes, one panel per GPU, a slider over context (notebook 04).
+
+    Parameters
+    ----------
+    curves, knees : DataFrame
+        From :func:`batchlab.experiments.step_time_grid`: ``hardware``, ``cost`` ("roofline" or
+        "calibrated"), ``context``, ``context_index``, ``batch``, ``step_time_s`` (s), ``kv_fits``; and per
+        context the ``knee`` (sequences) with the ``step_time_s`` there.
+    width, height : int
+        Pixels of each panel.
+
+    Returns
+    -------
+    altair chart; the slider ``context_step`` walks ``context_index`` (an uneven grid such as 0 to 16k
+    tokens), redraws the curves and moves each knee's rule, marker and label. Curves are dashed and faded
+    where the batch's KV cache would not fit in memory.
+    """
+    param, at = grid_param("context_step", knees["context_index"], "context per sequence (0, 512, 1k ... 16k)",
+                           field="context_index")
+    curves = curves.assign(step_time_ms=curves["step_time_s"] * 1e3)
+    knees = knees.assign(step_time_ms=knees["step_time_s"] * 1e3, label_px=np.where(knees["cost"] == "roofline", 4, 18))
+    x_title, y_title = title("batch"), title("step_time_ms")
+    ms = curves["step_time_ms"]
+    x = alt.X("batch:Q", title=x_title, axis=alt.Axis(values=[1, 4, 16, 64, 256, 1024]),
+              scale=alt.Scale(type="log", nice=False, domain=[curves["batch"].min(), curves["batch"].max()]))
+    y = alt.Y("step_time_ms:Q", title=y_title, axis=alt.Axis(values=[1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000]),
+              scale=alt.Scale(type="log", nice=False, domain=[ms.min() * 0.9, ms.max() * 1.1]))
+    color = alt.Color("cost:N", title=None, legend=alt.Legend(orient="top"),
+                      scale=alt.Scale(domain=list(COST_COLORS), range=list(COST_COLORS.values())))
+    kx = alt.X("knee:Q", title=x_title)
+    panels = []
+    for hw in curves["hardware"].unique():
+        line = alt.Chart(curves[curves["hardware"] == hw]).transform_filter(at)
+        knee = alt.Chart(knees[knees["hardware"] == hw]).transform_filter(at)
+        head = f"'{hw} · context ' + format(datum.context, ',') + ' tokens'"
+        panels.append(alt.layer(
+            line.transform_filter("datum.kv_fits").mark_line().encode(x=x, y=y, color=color),
+            line.mark_line(opacity=0.35, strokeDash=[2, 2]).encode(x=x, y=y, color=color),
+            knee.mark_rule(strokeDash=[4, 3]).encode(x=kx, color=color),
+            knee.mark_point(size=70, filled=True).encode(x=kx, y=alt.Y("step_time_ms:Q", title=y_title), color=color,
+                                                         tooltip=["cost:N", alt.Tooltip("knee:Q", format=".1f")]),
+            knee.transform_calculate(text="'knee ' + format(datum.knee, '.1f')").mark_text(
+                align="left", baseline="top", dx=4).encode(x=kx, y=alt.Y("label_px:Q", scale=None, axis=None),
+                                                           text="text:N", color=color),
+            knee.transform_filter("datum.cost == 'roofline'").transform_calculate(text=head).mark_text(
+                align="left", baseline="bottom", dy=-8).encode(x=alt.value(0), y=alt.value(0), text="text:N"),
+        ).properties(width=width, height=height))
+    return alt.hconcat(*panels).add_params(param)
+
+
+# --- 05_prefill_spike ---
+def choice_param(name: str, options, label: str | None = None, field: str | None = None, value=None):
+    """A parameter bound to a select box over string ``options``, and the filter for rows that match.
+
+    Returns ``(param, predicate)`` like :func:`grid_param`; ``field`` defaults to ``name``.
+    """
+    options = [str(o) for o in options]
+    param = alt.param(name=name, value=options[0] if value is None else value,
+                      bind=alt.binding_select(options=options, name=label or name))
+    return param, f"datum['{field or name}'] == {name}"
+
+
+def spike_chart(itl: pd.DataFrame, behind: pd.DataFrame, reference_ms: float | None = None,
+                reference_label: str = "", width: int = 520, height: int = 230):
+    """The decoders' inter-token gaps around a long unchunked prompt, and the TTFT of requests behind it (notebook 05).
+
+    Parameters
+    ----------
+    itl : DataFrame
+        ``model``, ``order``, ``time_s`` (s since the long prompt arrived), ``itl_ms``, ``sequences``
+        (:func:`batchlab.experiments.spike_scenarios`).
+    behind : DataFrame
+        ``model``, ``order``, ``arrival_ms``, ``run`` and ``ttft_ms`` of the requests queued behind it.
+    reference_ms : float, optional
+        A gap to draw as a dashed horizontal rule (e.g. a published number), labelled ``reference_label``.
+    width, height : int
+        Pixels of the timeline panel; the TTFT panel below it is as wide and shorter.
+
+    Returns
+    -------
+    altair chart with two select boxes, ``model`` and ``order``, that pick the run both panels show; the
+    largest gap is labelled with its value. The panels are stacked so the chart fits the text column.
+    """
+    model, at_model = choice_param("model", itl["model"].unique(), "model")
+    order, at_order = choice_param("order", itl["order"].unique(), "scheduler order")
+    pick = f"{at_model} && {at_order}"
+    x = alt.X("time_s:Q", title="time since the long prompt arrived (s)")
+    y = alt.Y("itl_ms:Q", title=title("itl_ms"))
+    base = alt.Chart(itl).transform_filter(pick)
+    layers = [
+        base.mark_circle(size=30, opacity=0.85, color=PALETTE[0]).encode(
+            x=x, y=y, tooltip=[alt.Tooltip("time_s:Q", format=".3f"), alt.Tooltip("itl_ms:Q", format=".1f"),
+                               "sequences:Q"]),
+        base.transform_joinaggregate(top="max(itl_ms)").transform_filter("datum.itl_ms == datum.top").transform_calculate(
+            text="'one gap of ' + format(datum.itl_ms, ',.0f') + ' ms'").mark_text(align="left", dx=8).encode(
+            x=x, y=y, text="text:N"),
+    ]
+    if reference_ms is not None:
+        ref = alt.Chart(pd.DataFrame({"itl_ms": [reference_ms], "text": [reference_label]}))
+        layers += [ref.mark_rule(color="#888888", strokeDash=[4, 3]).encode(y=y),
+                   ref.mark_text(align="right", baseline="bottom", dy=-3, color="#555555").encode(
+                       x=alt.value(width), y=y, text="text:N")]
+    ttft = alt.Chart(behind).transform_filter(pick).mark_line(point=True).encode(
+        x=alt.X("arrival_ms:Q", title="arrival after the long prompt (ms)"), y=alt.Y("ttft_ms:Q", title="ttft (ms)"),
+        color=alt.Color("run:N", title=None, legend=alt.Legend(orient="top"),
+                        scale=alt.Scale(domain=sorted(behind["run"].unique()), range=[PALETTE[3], PALETTE[2]])),
+        tooltip=["run:N", alt.Tooltip("arrival_ms:Q", format=".1f"), alt.Tooltip("ttft_ms:Q", format=".1f")])
+    return alt.vconcat(alt.layer(*layers).properties(width=width, height=height),
+                       ttft.properties(width=width, height=int(height * 0.6))).resolve_legend(
+        color="independent").add_params(model, order)  # the legend sits with the panel it belongs to
+
+
+# --- 08_two_knobs ---
+TWO_KNOB_KINDS = ("accepted", "refused by vLLM", "vLLM serve default", "vLLM offline default")
+TWO_KNOB_SHAPES = ("circle", "cross", "diamond", "square")
+HIGHLIGHT = PALETTE[2]  # green: the point the sliders pick
+RATE_COLORS = [PALETTE[i] for i in (5, 0, 1, 3, 4, 7)]  # loads, low to high; no green, that is the highlight
+TWO_KNOB_WIDTH = 470  # px: with the axis labels the chart fits the book's text column
+
+
+def two_knobs_chart(df: pd.DataFrame, defaults: dict, offline_tokens: int | None = None, rate_value=None,
+                    x: str = "output_throughput", y: str = "p99_ttft_ms", y2: str = "p99_itl_ms"):
+    """Every operating point of a two-knob sweep, its frontier, vLLM's defaults and the chosen point (notebook 08).
+
+    Parameters
+    ----------
+    df : DataFrame
+        :func:`batchlab.experiments.two_knob_sweep` with a boolean ``frontier`` column: ``rate`` (req/s),
+        ``max_num_seqs``, ``max_num_batched_tokens`` (powers of two), ``vllm_refuses``, ``x``, ``y``, ``y2``.
+    defaults : dict
+        vLLM's ``vllm serve`` defaults (:func:`batchlab.vllm_defaults`): the slider start and a marked point.
+    offline_tokens : int, optional
+        ``max_num_batched_tokens`` of the offline default (same ``max_num_seqs``), marked too.
+    rate_value : float, optional
+        The rate selected at first (default: the second highest).
+    x, y, y2 : str
+        Throughput (tok/s) and the two latencies (ms): ``y`` in the top panel with the frontier, ``y2`` below.
+
+    Returns
+    -------
+    altair chart: two sliders (log2 of each knob; a select box if a knob's grid is not evenly spaced in log2)
+    and radio buttons for the rate pick the green point; the points of the
+    selected rate are drawn stronger than the rest, and the text above reads the chosen configuration.
+    """
+    data = df[["rate", "max_num_seqs", "max_num_batched_tokens", "vllm_refuses", "frontier", x, y, y2]].copy()
+    data["log2_seqs"] = np.log2(data["max_num_seqs"]).round().astype(int)
+    data["log2_tokens"] = np.log2(data["max_num_batched_tokens"]).round().astype(int)
+    data["kind"] = np.where(data["vllm_refuses"], TWO_KNOB_KINDS[1], TWO_KNOB_KINDS[0])
+    rates = np.sort(data["rate"].unique())
+    seqs_p, at_seqs = grid_param("log2_seqs", data["log2_seqs"], "max_num_seqs = 2^",
+                                 value=int(np.log2(defaults["max_num_seqs"])))
+    tok_p, at_tok = grid_param("log2_tokens", data["log2_tokens"], "max_num_batched_tokens = 2^",
+                               value=int(np.log2(defaults["max_num_batched_tokens"])))
+    rate_value = rates[max(rates.size - 2, 0)] if rate_value is None else rate_value
+    # Radio buttons, not grid_param: a handful of loads reads better as named choices than as a slider.
+    rate_p = alt.param(name="rate", value=float(rate_value),
+                       bind=alt.binding_radio(options=rates.tolist(), name="request rate (req/s) "))
+    at_rate = f"abs(datum['rate'] - rate) < {float(np.diff(rates).min() / 2) if rates.size > 1 else 0.5!r}"
+    marks = [data[(data["max_num_seqs"] == defaults["max_num_seqs"])
+                  & (data["max_num_batched_tokens"] == defaults["max_num_batched_tokens"])].assign(kind=TWO_KNOB_KINDS[2])]
+    if offline_tokens is not None:
+        marks.append(data[(data["max_num_seqs"] == defaults["max_num_seqs"])
+                          & (data["max_num_batched_tokens"] == offline_tokens)].assign(kind=TWO_KNOB_KINDS[3]))
+    marks = pd.concat(marks, ignore_index=True)
+    chosen = f"{at_seqs} && {at_tok} && {at_rate}"
+    tooltip = [alt.Tooltip("rate:Q", title="rate (req/s)"), "max_num_seqs:Q", "max_num_batched_tokens:Q",
+               alt.Tooltip(f"{x}:Q", format=",.0f", title=title(x)), alt.Tooltip(f"{y}:Q", format=",.0f", title=title(y)),
+               alt.Tooltip(f"{y2}:Q", format=",.0f", title=title(y2))]
+    shape = alt.Shape("kind:N", title=None, scale=alt.Scale(domain=list(TWO_KNOB_KINDS), range=list(TWO_KNOB_SHAPES)),
+                      legend=alt.Legend(orient="bottom", columns=2))
+    xenc = alt.X(f"{x}:Q", title=title(x), scale=alt.Scale(zero=False))
+
+    def panel(col, height, frontier):
+        yenc = alt.Y(f"{col}:Q", title=title(col), scale=alt.Scale(type="log"))
+        base = alt.Chart(data).encode(x=xenc, y=yenc)
+        layers = [base.mark_point(filled=True, size=40).encode(
+            color=alt.Color("rate:N", title="request rate (req/s)", scale=alt.Scale(range=RATE_COLORS),
+                            legend=alt.Legend(orient="bottom")), shape=shape,
+            opacity=alt.when(at_rate).then(alt.value(0.6)).otherwise(alt.value(0.12)), tooltip=tooltip)]
+        if frontier:
+            layers.append(base.transform_filter("datum.frontier").mark_line(color="black", point=True, strokeWidth=1.5))
+        layers.append(alt.Chart(marks).mark_point(size=170, filled=False, color="black", strokeWidth=1.5).encode(
+            x=xenc, y=yenc, shape=shape, opacity=alt.when(at_rate).then(alt.value(1.0)).otherwise(alt.value(0.25)),
+            tooltip=tooltip))
+        layers.append(base.transform_filter(chosen).mark_point(
+            filled=True, size=260, color=HIGHLIGHT, stroke="black", strokeWidth=1.5, opacity=1).encode(tooltip=tooltip))
+        return alt.layer(*layers).properties(width=TWO_KNOB_WIDTH, height=height)
+
+    readout = alt.Chart(data).transform_filter(chosen).transform_calculate(label=(  # two lines: knobs, results
+        "'max_num_seqs ' + datum.max_num_seqs + ', max_num_batched_tokens ' + datum.max_num_batched_tokens"
+        f" + ' at ' + datum.rate + ' req/s' + (datum.vllm_refuses ? ' (vLLM refuses this pair)' : '') + '\\n'"
+        f" + format(datum['{x}'], ',.0f') + ' tok/s, {title(y).split(' (')[0]} ' + format(datum['{y}'], ',.0f')"
+        f" + ' ms, {title(y2).split(' (')[0]} ' + format(datum['{y2}'], ',.0f') + ' ms'")
+    ).mark_text(align="left", baseline="top", fontSize=12, fontWeight="bold", color="#333333", lineBreak="\n",
+                lineHeight=16).encode(x=alt.value(0), y=alt.value(0), text="label:N").properties(
+        width=TWO_KNOB_WIDTH, height=30)
+    return alt.vconcat(readout, panel(y, 300, True), panel(y2, 170, False), spacing=6).add_params(seqs_p, tok_p, rate_p)
+
+
+# --- 10_validation ---
+STAGE_LABELS = {"before": "before calibration", "after": "after calibration"}
+GROUP_COLORS = {"fit": PALETTE[0], "ridge": PALETTE[1], "held out": PALETTE[3]}
+# Log axes spanning one to eight decades: label 1, 2 and 5 times a power of ten ("0.02", "5", "1e-4" below 0.001)
+# and let the axis drop labels that would overlap.
+_DECADE = "log(datum.value) / LN10"
+_MANTISSA = f"datum.value / pow(10, floor({_DECADE} + 1e-9))"
+LOG125_LABEL = (f"(abs({_MANTISSA} - 1) < 1e-6 || abs({_MANTISSA} - 2) < 1e-6 || abs({_MANTISSA} - 5) < 1e-6) ? "
+                "(datum.value >= 0.001 ? format(datum.value, '~g') : format(datum.value, '.0e')) : ''")
+
+
+def parity_frame(sample: pd.DataFrame, band: float = 0.15) -> pd.DataFrame:
+    """Parity points plus, per set and stage, the lines y = x and y = (1 +- ``band``) x spanning the set's range.
+
+    ``sample`` is :func:`batchlab.experiments.parity_sample`. Adds ``kind`` ("case" or the line's label) and
+    ``panel`` (the stage as "before calibration" / "after calibration").
+    """
+    rows = []
+    for name, per in sample.groupby("set", sort=False):
+        lo = min(per["measured_ms"].min(), per["predicted_ms"].min()) / (1 + band)
+        hi = max(per["measured_ms"].max(), per["predicted_ms"].max()) * (1 + band)
+        for stage in per["stage"].unique():
+            for label, k in (("y = x", 1.0), (f"±{band:.0%}", 1 + band), (f"±{band:.0%}", 1 - band)):
+                rows.append({"set": name, "stage": stage, "kind": label, "line": f"{label} {k}",
+                             "measured_ms": [lo, hi], "predicted_ms": [lo * k, hi * k]})
+    lines = pd.DataFrame(rows).explode(["measured_ms", "predicted_ms"]).astype({"measured_ms": float, "predicted_ms": float})
+    out = pd.concat([sample.assign(kind="case", line=""), lines], ignore_index=True)
+    out["panel"] = out.pop("stage").map(STAGE_LABELS)
+    for col in ("measured_ms", "predicted_ms", "rel_err"):  # four digits are plenty on a log axis, and a smaller page
+        out[col] = [float(f"{v:.4g}") for v in out[col]]
+    return out.drop(columns=[c for c in ("case_id",) if c in out])
+
+
+def parity_chart(sample: pd.DataFrame, value: str | None = None, band: float = 0.15, size: int = 260):
+    """Predicted against measured time on log-log axes, before and after calibration side by side (notebook 10).
+
+    Parameters
+    ----------
+    sample : DataFrame
+        :func:`batchlab.experiments.parity_sample`: ``set``, ``stage`` (before, after), ``group`` (fit,
+        ridge, held out), ``case``, ``measured_ms``, ``predicted_ms`` (ms), ``rel_err``.
+    value : str, optional
+        The set shown first (default: the first in ``sample``).
+    band : float
+        Relative error drawn as dashed lines around y = x (the calibration target, 15 %).
+    size : int
+        Pixels of each square panel.
+
+    Returns
+    -------
+    altair chart; a select box picks the measured set, both panels redraw with their axes fitted to it.
+    """
+    data = parity_frame(sample, band)
+    sets = list(dict.fromkeys(sample["set"]))
+    param = alt.param(name="measured_set", value=value or sets[0],
+                      bind=alt.binding_select(options=sets, name="measured set "))
+    axis = {"scale": alt.Scale(type="log", nice=False), "axis": alt.Axis(labelExpr=LOG125_LABEL, labelOverlap="greedy")}
+    x = alt.X("measured_ms:Q", title="measured time (ms)", **axis)
+    y = alt.Y("predicted_ms:Q", title="predicted time (ms)", **axis)
+    base = alt.Chart().transform_filter("datum.set == measured_set")
+    points = base.transform_filter("datum.kind == 'case'").mark_circle(size=22, opacity=0.7).encode(
+        x=x, y=y, color=alt.Color("group:N", title=None, legend=alt.Legend(orient="top"),
+                                  scale=alt.Scale(domain=list(GROUP_COLORS), range=list(GROUP_COLORS.values()))),
+        tooltip=["case:N", alt.Tooltip("measured_ms:Q", format=".4~g"), alt.Tooltip("predicted_ms:Q", format=".4~g"),
+                 alt.Tooltip("rel_err:Q", format=".1%", title="relative error")])
+    lines = base.transform_filter("datum.kind != 'case'").mark_line(color="#555555", strokeWidth=1).encode(
+        x=x, y=y, detail="line:N", strokeDash=alt.StrokeDash("kind:N", title=None, legend=alt.Legend(orient="top"),
+                                                             scale=alt.Scale(range=[[1, 0], [4, 3]])))
+    panels = alt.layer(lines, points, data=data).properties(width=size, height=size)
+    return panels.facet(column=alt.Column("panel:N", title=None, sort=list(STAGE_LABELS.values()))).add_params(param)
+
+
+def published_chart(runs: pd.DataFrame, published: dict, width: int = 250, height: int = 220):
+    """Mean TTFT and mean TPOT against arrival rate, simulated, beside the published vLLM figures (notebook 10).
+
+    Parameters
+    ----------
+    runs : DataFrame
+        :func:`batchlab.experiments.vllm_v060_runs` (one or more ``lengths``) at finite rates: ``rate``
+        (req/s), ``lengths``, ``mean_ttft_ms``, ``mean_tpot_ms``.
+    published : dict
+        :data:`batchlab.experiments.PUBLISHED_VLLM_V060`: the TTFT ceiling over ``ttft_qps`` is drawn as a
+        dashed segment, the TPOT at ``tpot_qps`` as a black diamond.
+    """
+    finite = runs[np.isfinite(runs["rate"])]
+    x = alt.X("rate:Q", title="arrival rate (req/s)")
+    blog = f"rescaled to the blog's {published['prompt_tokens_mean']:g} / {published['output_tokens_mean']:g} tokens"
+    color = alt.Color("lengths:N", title="prompt / output lengths", legend=alt.Legend(
+        orient="top", direction="vertical", labelLimit=0, labelExpr=f"datum.label == 'blog' ? \"{blog}\" : 'the ShareGPT file\\'s own'"))
+    lo, hi = published["ttft_qps"]
+    ceiling = pd.DataFrame({"rate": [lo, hi], "mean_ttft_ms": published["mean_ttft_ms_ceiling"], "what": "published ceiling"})
+    tpot = pd.DataFrame({"rate": [published["tpot_qps"]], "mean_tpot_ms": [published["mean_tpot_ms"]],
+                         "what": ["published"]})
+    panels = []
+    for col, ref in (("mean_ttft_ms", ceiling), ("mean_tpot_ms", tpot)):
+        y = alt.Y(f"{col}:Q", title=title(col), scale=alt.Scale(zero=True))
+        sim = alt.Chart(finite).mark_line(point=True).encode(
+            x=x, y=y, color=color, tooltip=["lengths:N", "rate:Q", alt.Tooltip(f"{col}:Q", format=".1f")])
+        if len(ref) > 1:
+            mark = alt.Chart(ref).mark_line(color="black", strokeDash=[4, 3])
+        else:
+            mark = alt.Chart(ref).mark_point(shape="diamond", size=120, filled=True, color="black")
+        text = alt.Chart(ref.tail(1)).mark_text(align="right", dx=-8, dy=-10).encode(x=x, y=y, text="what:N")
+        panels.append(alt.layer(sim, mark.encode(x=x, y=y), text).properties(width=width, height=height))
+    return alt.hconcat(*panels)
+
+
+# --- 11_fact_check ---
+def tradeoff_chart(trade: pd.DataFrame, width: int = 420, height: int = 260):
+    """The newcomer's TTFT against the decoders' tallest gap, one point per token budget (notebook 11).
+
+    Parameters
+    ----------
+    trade : DataFrame
+        :func:`batchlab.experiments.chunking_tradeoff`: ``max_num_batched_tokens``, ``log2_budget`` (an
+        evenly spaced grid), ``ttft_ms``, ``max_itl_ms``, ``base_itl_ms`` (ms), ``chunks``.
+
+    Returns
+    -------
+    altair chart; a slider over log2 of the budget rings the chosen point and reads its numbers; the decoders'
+    cadence before the prompt arrived is a dashed rule.
+    """
+    param, at = grid_param("log2_budget", trade["log2_budget"], "max_num_batched_tokens = 2^",
+                           value=float(trade["log2_budget"].max()))
+    x = alt.X("ttft_ms:Q", title="newcomer's ttft (ms)", scale=alt.Scale(zero=False))
+    y = alt.Y("max_itl_ms:Q", title="tallest decoder gap (ms)", scale=alt.Scale(zero=True))
+    base = alt.Chart(trade).encode(x=x, y=y)
+    tooltip = ["max_num_batched_tokens:Q", "chunks:Q", alt.Tooltip("ttft_ms:Q", format=".0f"),
+               alt.Tooltip("max_itl_ms:Q", format=".0f")]
+    cadence = alt.Chart(pd.DataFrame({"max_itl_ms": [float(trade["base_itl_ms"].median())],
+                                      "text": ["decode cadence before the prompt arrived"]}))
+    picked = base.transform_filter(at).transform_calculate(label=(
+        "format(datum.max_num_batched_tokens, ',') + ' tokens: ' + datum.chunks + ' chunk(s), ttft '"
+        " + format(datum.ttft_ms, ',.0f') + ' ms, gap ' + format(datum.max_itl_ms, ',.0f') + ' ms'"))
+    return alt.layer(
+        base.mark_line(point=True, color=PALETTE[0]).encode(order="max_num_batched_tokens:Q", tooltip=tooltip),
+        base.mark_text(align="left", dx=7, dy=-7, color="#555555").encode(text=alt.Text("max_num_batched_tokens:Q", format=",")),
+        cadence.mark_rule(color="#888888", strokeDash=[4, 3]).encode(y="max_itl_ms:Q"),
+        cadence.mark_text(align="left", baseline="bottom", dy=-3, color="#555555").encode(
+            x=alt.value(4), y="max_itl_ms:Q", text="text:N"),
+        picked.mark_point(size=260, filled=False, color="black", strokeWidth=2),
+        picked.mark_text(align="right", baseline="top", fontWeight="bold").encode(
+            x=alt.value(width), y=alt.value(4), text="label:N"),
+    ).properties(width=width, height=height).add_params(param)
+
+
 # --- 06_chunked_prefill ---
 def log_ticks(values, scale: float = 1.0) -> list[float]:
     """Tick values 1, 2, 3, 5 x 10^k spanning ``values * scale``: log axes otherwise crowd their labels."""
@@ -569,110 +1042,6 @@ def mixing_chart(df: pd.DataFrame, rate: float):
     return alt.vconcat(tput, itl)
 
 
-# --- 02_dynamic_batching ---
-POLICY_COLORS = {"static": "#D55E00", "dynamic": "#0072B2", "continuous": "#009E73", "chunked": "#CC79A7"}
-LATENCY_LABELS = {"mean_e2el_ms": "mean e2el", "p99_e2el_ms": "p99 e2el", "mean_ttft_ms": "mean ttft",
-                  "p99_ttft_ms": "p99 ttft"}
-
-
-def _policy_color(policies):
-    domain = [p for p in POLICY_COLORS if p in set(policies)]
-    return alt.Color("policy:N", title=None, sort=domain, legend=alt.Legend(orient="top"),
-                     scale=alt.Scale(domain=domain, range=[POLICY_COLORS[p] for p in domain]))
-
-
-def latency_frame(runs: pd.DataFrame) -> pd.DataFrame:
-    """:func:`batchlab.experiments.policy_grid` rows as one row per run and latency metric.
-
-    Columns: the run's ``load`` (if any), ``rate_req_s``, ``policy``, ``max_queue_delay_ms`` (NaN except
-    dynamic), ``metric`` (a :data:`LATENCY_LABELS` value such as "p99 e2el") and ``latency_s`` (s).
-    """
-    ids = [c for c in ("load", "rate_req_s", "policy", "max_queue_delay_s") if c in runs]
-    long = runs.melt(id_vars=ids, value_vars=list(LATENCY_LABELS), var_name="metric", value_name="latency_ms")
-    long["metric"] = long["metric"].map(LATENCY_LABELS)
-    long["latency_s"] = long.pop("latency_ms") / 1e3
-    long["max_queue_delay_ms"] = long.pop("max_queue_delay_s") * 1e3
-    return long
-
-
-def queue_delay_chart(runs: pd.DataFrame, facet: str = "load"):
-    """Latency against dynamic batching's max queue delay, other policies as reference lines (notebook 02).
-
-    Parameters
-    ----------
-    runs : DataFrame
-        :func:`batchlab.experiments.policy_grid` with dynamic runs on an evenly spaced delay grid and a
-        ``facet`` column (one panel per load, ordered by ``rate_req_s``).
-    facet : str
-        Column splitting the panels.
-
-    Returns
-    -------
-    altair chart; a slider over the delay marks and labels the dynamic point in every panel, a select box
-    picks the latency metric (mean or p99, e2el or ttft). Latency is on a log axis.
-    """
-    long = latency_frame(runs)
-    delay, at_delay = grid_param("delay", long["max_queue_delay_ms"].dropna(), "max queue delay (ms)",
-                                 field="max_queue_delay_ms")
-    metric = alt.param(name="metric", value=LATENCY_LABELS["mean_e2el_ms"],
-                       bind=alt.binding_select(options=list(LATENCY_LABELS.values()), name="latency "))
-    x = alt.X("max_queue_delay_ms:Q", title="max queue delay (ms)")
-    # Fixed label room and 16 px of padding: switching the metric changes the tick labels and moves the lowest
-    # line's label (drawn under it) to the bottom; neither may grow the chart past its container.
-    y = alt.Y("latency_s:Q", title="latency (s)", scale=alt.Scale(type="log", padding=16),
-              axis=alt.Axis(minExtent=40, maxExtent=40))
-    color = _policy_color(long["policy"])
-    base = alt.Chart().transform_filter("datum.metric == metric")
-    dyn = base.transform_filter("datum.policy == 'dynamic'")
-    ref = base.transform_filter("datum.policy != 'dynamic'")
-    xmax = float(long["max_queue_delay_ms"].max())
-    picked = dyn.transform_filter(at_delay).transform_calculate(label="format(datum.latency_s, '.3~s') + ' s'")
-    layers = [dyn.mark_line(point=True).encode(x=x, y=y, color=color),
-              ref.mark_rule(strokeDash=[5, 3]).encode(y=y, color=color),
-              # continuous and chunked often coincide: one label under its line on the left, the others above
-              ref.transform_filter("datum.policy == 'continuous'").mark_text(align="left", baseline="top", dy=3)
-              .encode(x=alt.datum(0.0), y=y, color=color, text="policy:N"),
-              ref.transform_filter("datum.policy != 'continuous'").mark_text(align="right", baseline="bottom", dy=-2)
-              .encode(x=alt.datum(xmax), y=y, color=color, text="policy:N"),
-              picked.mark_point(size=180, color="black", filled=False).encode(x=x, y=y),
-              picked.transform_filter(f"datum.max_queue_delay_ms <= {xmax / 2}").mark_text(
-                  align="left", dx=9, dy=-9, fontWeight="bold").encode(x=x, y=y, text="label:N"),
-              # higher up than the left-hand label: the reference lines' names sit just above them on the right
-              picked.transform_filter(f"datum.max_queue_delay_ms > {xmax / 2}").mark_text(
-                  align="right", dx=-6, dy=-20, fontWeight="bold").encode(x=x, y=y, text="label:N")]
-    panels = alt.layer(*layers, data=long).properties(width=235, height=260)
-    order = runs.groupby(facet)["rate_req_s"].min().sort_values().index.tolist()
-    return panels.facet(column=alt.Column(f"{facet}:N", title=None, sort=order)).resolve_scale(
-        y="independent").add_params(delay, metric)
-
-
-def load_sweep_chart(runs: pd.DataFrame, capacities: pd.DataFrame, metric: str = "mean_e2el_ms"):
-    """Latency against offered load per policy on log-log axes, saturation throughputs as rules (notebook 02).
-
-    Parameters
-    ----------
-    runs : DataFrame
-        :func:`batchlab.experiments.policy_grid` over several rates (at most one delay for dynamic).
-    capacities : DataFrame
-        ``rate_req_s`` (req/s) and ``label`` of each vertical rule, e.g. each policy's saturation throughput.
-    metric : str
-        A latency column of ``runs`` (ms); plotted in seconds.
-    """
-    df = runs.assign(latency_s=runs[metric] / 1e3)
-    lo, hi = df["rate_req_s"].min(), max(df["rate_req_s"].max(), capacities["rate_req_s"].max())
-    x = alt.X("rate_req_s:Q", title="offered load (req/s)",
-              scale=alt.Scale(type="log", nice=False, domain=[0.8 * lo, 1.3 * hi]))
-    lines = alt.Chart(df).mark_line(point=True).encode(
-        x=x, y=alt.Y("latency_s:Q", title=f"{LATENCY_LABELS.get(metric, title(metric))} (s)",
-                     scale=alt.Scale(type="log")),
-        color=_policy_color(df["policy"]), tooltip=["policy:N", alt.Tooltip("rate_req_s:Q", format=".3~g"),
-                                                    alt.Tooltip("latency_s:Q", format=".3~g")])
-    rules = alt.Chart(capacities).mark_rule(color="#888888", strokeDash=[2, 2]).encode(x="rate_req_s:Q")
-    text = alt.Chart(capacities).mark_text(align="right", angle=270, baseline="bottom", dx=-4, color="#555555",
-                                           y=0).encode(x="rate_req_s:Q", text="label:N")
-    return alt.layer(lines, rules, text).properties(width=460, height=280)
-
-
 # --- 03_continuous_batching ---
 def _gantt_layers(df: pd.DataFrame, facet: str, highlight: bool, last_end: bool):
     """:func:`gantt_chart` with a request-highlight slider and/or the last end of each panel marked."""
@@ -747,351 +1116,3 @@ def occupancy_panels_chart(df: pd.DataFrame, facet: str = "policy"):
         interpolate="step-after", strokeWidth=1.5).encode(x=x, y="rows:Q", color=color)
     return alt.layer(area, line, data=df).properties(width=520, height=70).facet(
         row=alt.Row(f"{facet}:N", title=None, sort=list(pd.unique(df[facet]))))
-
-
-# --- 04_step_time_roofline ---
-COST_COLORS = {"roofline": PALETTE[0], "calibrated": PALETTE[1]}
-
-
-def step_time_roofline_chart(curves: pd.DataFrame, knees: pd.DataFrame, width: int = 215, height: int = 230):
-    """Decode step time against batch on log-log axes, one panel per GPU, a slider over context (notebook 04).
-
-    Parameters
-    ----------
-    curves, knees : DataFrame
-        From :func:`batchlab.experiments.step_time_grid`: ``hardware``, ``cost`` ("roofline" or
-        "calibrated"), ``context``, ``context_index``, ``batch``, ``step_time_s`` (s), ``kv_fits``; and per
-        context the ``knee`` (sequences) with the ``step_time_s`` there.
-    width, height : int
-        Pixels of each panel.
-
-    Returns
-    -------
-    altair chart; the slider ``context_step`` walks ``context_index`` (an uneven grid such as 0 to 16k
-    tokens), redraws the curves and moves each knee's rule, marker and label. Curves are dashed and faded
-    where the batch's KV cache would not fit in memory.
-    """
-    param, at = grid_param("context_step", knees["context_index"], "context per sequence (0, 512, 1k ... 16k)",
-                           field="context_index")
-    curves = curves.assign(step_time_ms=curves["step_time_s"] * 1e3)
-    knees = knees.assign(step_time_ms=knees["step_time_s"] * 1e3, label_px=np.where(knees["cost"] == "roofline", 4, 18))
-    x_title, y_title = title("batch"), title("step_time_ms")
-    ms = curves["step_time_ms"]
-    x = alt.X("batch:Q", title=x_title, axis=alt.Axis(values=[1, 4, 16, 64, 256, 1024]),
-              scale=alt.Scale(type="log", nice=False, domain=[curves["batch"].min(), curves["batch"].max()]))
-    y = alt.Y("step_time_ms:Q", title=y_title, axis=alt.Axis(values=[1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000]),
-              scale=alt.Scale(type="log", nice=False, domain=[ms.min() * 0.9, ms.max() * 1.1]))
-    color = alt.Color("cost:N", title=None, legend=alt.Legend(orient="top"),
-                      scale=alt.Scale(domain=list(COST_COLORS), range=list(COST_COLORS.values())))
-    kx = alt.X("knee:Q", title=x_title)
-    panels = []
-    for hw in curves["hardware"].unique():
-        line = alt.Chart(curves[curves["hardware"] == hw]).transform_filter(at)
-        knee = alt.Chart(knees[knees["hardware"] == hw]).transform_filter(at)
-        head = f"'{hw} · context ' + format(datum.context, ',') + ' tokens'"
-        panels.append(alt.layer(
-            line.transform_filter("datum.kv_fits").mark_line().encode(x=x, y=y, color=color),
-            line.mark_line(opacity=0.35, strokeDash=[2, 2]).encode(x=x, y=y, color=color),
-            knee.mark_rule(strokeDash=[4, 3]).encode(x=kx, color=color),
-            knee.mark_point(size=70, filled=True).encode(x=kx, y=alt.Y("step_time_ms:Q", title=y_title), color=color,
-                                                         tooltip=["cost:N", alt.Tooltip("knee:Q", format=".1f")]),
-            knee.transform_calculate(text="'knee ' + format(datum.knee, '.1f')").mark_text(
-                align="left", baseline="top", dx=4).encode(x=kx, y=alt.Y("label_px:Q", scale=None, axis=None),
-                                                           text="text:N", color=color),
-            knee.transform_filter("datum.cost == 'roofline'").transform_calculate(text=head).mark_text(
-                align="left", baseline="bottom", dy=-8).encode(x=alt.value(0), y=alt.value(0), text="text:N"),
-        ).properties(width=width, height=height))
-    return alt.hconcat(*panels).add_params(param)
-
-
-# --- 05_prefill_spike ---
-def choice_param(name: str, options, label: str | None = None, field: str | None = None, value=None):
-    """A parameter bound to a select box over string ``options``, and the filter for rows that match.
-
-    Returns ``(param, predicate)`` like :func:`grid_param`; ``field`` defaults to ``name``.
-    """
-    options = [str(o) for o in options]
-    param = alt.param(name=name, value=options[0] if value is None else value,
-                      bind=alt.binding_select(options=options, name=label or name))
-    return param, f"datum['{field or name}'] == {name}"
-
-
-def spike_chart(itl: pd.DataFrame, behind: pd.DataFrame, reference_ms: float | None = None,
-                reference_label: str = "", width: int = 520, height: int = 230):
-    """The decoders' inter-token gaps around a long unchunked prompt, and the TTFT of requests behind it (notebook 05).
-
-    Parameters
-    ----------
-    itl : DataFrame
-        ``model``, ``order``, ``time_s`` (s since the long prompt arrived), ``itl_ms``, ``sequences``
-        (:func:`batchlab.experiments.spike_scenarios`).
-    behind : DataFrame
-        ``model``, ``order``, ``arrival_ms``, ``run`` and ``ttft_ms`` of the requests queued behind it.
-    reference_ms : float, optional
-        A gap to draw as a dashed horizontal rule (e.g. a published number), labelled ``reference_label``.
-    width, height : int
-        Pixels of the timeline panel; the TTFT panel below it is as wide and shorter.
-
-    Returns
-    -------
-    altair chart with two select boxes, ``model`` and ``order``, that pick the run both panels show; the
-    largest gap is labelled with its value. The panels are stacked so the chart fits the text column.
-    """
-    model, at_model = choice_param("model", itl["model"].unique(), "model")
-    order, at_order = choice_param("order", itl["order"].unique(), "scheduler order")
-    pick = f"{at_model} && {at_order}"
-    x = alt.X("time_s:Q", title="time since the long prompt arrived (s)")
-    y = alt.Y("itl_ms:Q", title=title("itl_ms"))
-    base = alt.Chart(itl).transform_filter(pick)
-    layers = [
-        base.mark_circle(size=30, opacity=0.85, color=PALETTE[0]).encode(
-            x=x, y=y, tooltip=[alt.Tooltip("time_s:Q", format=".3f"), alt.Tooltip("itl_ms:Q", format=".1f"),
-                               "sequences:Q"]),
-        base.transform_joinaggregate(top="max(itl_ms)").transform_filter("datum.itl_ms == datum.top").transform_calculate(
-            text="'one gap of ' + format(datum.itl_ms, ',.0f') + ' ms'").mark_text(align="left", dx=8).encode(
-            x=x, y=y, text="text:N"),
-    ]
-    if reference_ms is not None:
-        ref = alt.Chart(pd.DataFrame({"itl_ms": [reference_ms], "text": [reference_label]}))
-        layers += [ref.mark_rule(color="#888888", strokeDash=[4, 3]).encode(y=y),
-                   ref.mark_text(align="right", baseline="bottom", dy=-3, color="#555555").encode(
-                       x=alt.value(width), y=y, text="text:N")]
-    ttft = alt.Chart(behind).transform_filter(pick).mark_line(point=True).encode(
-        x=alt.X("arrival_ms:Q", title="arrival after the long prompt (ms)"), y=alt.Y("ttft_ms:Q", title="ttft (ms)"),
-        color=alt.Color("run:N", title=None, legend=alt.Legend(orient="top"),
-                        scale=alt.Scale(domain=sorted(behind["run"].unique()), range=[PALETTE[3], PALETTE[2]])),
-        tooltip=["run:N", alt.Tooltip("arrival_ms:Q", format=".1f"), alt.Tooltip("ttft_ms:Q", format=".1f")])
-    return alt.vconcat(alt.layer(*layers).properties(width=width, height=height),
-                       ttft.properties(width=width, height=int(height * 0.6))).resolve_legend(
-        color="independent").add_params(model, order)  # the legend sits with the panel it belongs to
-
-
-# --- 10_validation ---
-STAGE_LABELS = {"before": "before calibration", "after": "after calibration"}
-GROUP_COLORS = {"fit": PALETTE[0], "ridge": PALETTE[1], "held out": PALETTE[3]}
-# Log axes spanning one to eight decades: label 1, 2 and 5 times a power of ten ("0.02", "5", "1e-4" below 0.001)
-# and let the axis drop labels that would overlap.
-_DECADE = "log(datum.value) / LN10"
-_MANTISSA = f"datum.value / pow(10, floor({_DECADE} + 1e-9))"
-LOG125_LABEL = (f"(abs({_MANTISSA} - 1) < 1e-6 || abs({_MANTISSA} - 2) < 1e-6 || abs({_MANTISSA} - 5) < 1e-6) ? "
-                "(datum.value >= 0.001 ? format(datum.value, '~g') : format(datum.value, '.0e')) : ''")
-
-
-def parity_frame(sample: pd.DataFrame, band: float = 0.15) -> pd.DataFrame:
-    """Parity points plus, per set and stage, the lines y = x and y = (1 +- ``band``) x spanning the set's range.
-
-    ``sample`` is :func:`batchlab.experiments.parity_sample`. Adds ``kind`` ("case" or the line's label) and
-    ``panel`` (the stage as "before calibration" / "after calibration").
-    """
-    rows = []
-    for name, per in sample.groupby("set", sort=False):
-        lo = min(per["measured_ms"].min(), per["predicted_ms"].min()) / (1 + band)
-        hi = max(per["measured_ms"].max(), per["predicted_ms"].max()) * (1 + band)
-        for stage in per["stage"].unique():
-            for label, k in (("y = x", 1.0), (f"±{band:.0%}", 1 + band), (f"±{band:.0%}", 1 - band)):
-                rows.append({"set": name, "stage": stage, "kind": label, "line": f"{label} {k}",
-                             "measured_ms": [lo, hi], "predicted_ms": [lo * k, hi * k]})
-    lines = pd.DataFrame(rows).explode(["measured_ms", "predicted_ms"]).astype({"measured_ms": float, "predicted_ms": float})
-    out = pd.concat([sample.assign(kind="case", line=""), lines], ignore_index=True)
-    out["panel"] = out.pop("stage").map(STAGE_LABELS)
-    for col in ("measured_ms", "predicted_ms", "rel_err"):  # four digits are plenty on a log axis, and a smaller page
-        out[col] = [float(f"{v:.4g}") for v in out[col]]
-    return out.drop(columns=[c for c in ("case_id",) if c in out])
-
-
-def parity_chart(sample: pd.DataFrame, value: str | None = None, band: float = 0.15, size: int = 260):
-    """Predicted against measured time on log-log axes, before and after calibration side by side (notebook 10).
-
-    Parameters
-    ----------
-    sample : DataFrame
-        :func:`batchlab.experiments.parity_sample`: ``set``, ``stage`` (before, after), ``group`` (fit,
-        ridge, held out), ``case``, ``measured_ms``, ``predicted_ms`` (ms), ``rel_err``.
-    value : str, optional
-        The set shown first (default: the first in ``sample``).
-    band : float
-        Relative error drawn as dashed lines around y = x (the calibration target, 15 %).
-    size : int
-        Pixels of each square panel.
-
-    Returns
-    -------
-    altair chart; a select box picks the measured set, both panels redraw with their axes fitted to it.
-    """
-    data = parity_frame(sample, band)
-    sets = list(dict.fromkeys(sample["set"]))
-    param = alt.param(name="measured_set", value=value or sets[0],
-                      bind=alt.binding_select(options=sets, name="measured set "))
-    axis = {"scale": alt.Scale(type="log", nice=False), "axis": alt.Axis(labelExpr=LOG125_LABEL, labelOverlap="greedy")}
-    x = alt.X("measured_ms:Q", title="measured time (ms)", **axis)
-    y = alt.Y("predicted_ms:Q", title="predicted time (ms)", **axis)
-    base = alt.Chart().transform_filter("datum.set == measured_set")
-    points = base.transform_filter("datum.kind == 'case'").mark_circle(size=22, opacity=0.7).encode(
-        x=x, y=y, color=alt.Color("group:N", title=None, legend=alt.Legend(orient="top"),
-                                  scale=alt.Scale(domain=list(GROUP_COLORS), range=list(GROUP_COLORS.values()))),
-        tooltip=["case:N", alt.Tooltip("measured_ms:Q", format=".4~g"), alt.Tooltip("predicted_ms:Q", format=".4~g"),
-                 alt.Tooltip("rel_err:Q", format=".1%", title="relative error")])
-    lines = base.transform_filter("datum.kind != 'case'").mark_line(color="#555555", strokeWidth=1).encode(
-        x=x, y=y, detail="line:N", strokeDash=alt.StrokeDash("kind:N", title=None, legend=alt.Legend(orient="top"),
-                                                             scale=alt.Scale(range=[[1, 0], [4, 3]])))
-    panels = alt.layer(lines, points, data=data).properties(width=size, height=size)
-    return panels.facet(column=alt.Column("panel:N", title=None, sort=list(STAGE_LABELS.values()))).add_params(param)
-
-
-def published_chart(runs: pd.DataFrame, published: dict, width: int = 250, height: int = 220):
-    """Mean TTFT and mean TPOT against arrival rate, simulated, beside the published vLLM figures (notebook 10).
-
-    Parameters
-    ----------
-    runs : DataFrame
-        :func:`batchlab.experiments.vllm_v060_runs` (one or more ``lengths``) at finite rates: ``rate``
-        (req/s), ``lengths``, ``mean_ttft_ms``, ``mean_tpot_ms``.
-    published : dict
-        :data:`batchlab.experiments.PUBLISHED_VLLM_V060`: the TTFT ceiling over ``ttft_qps`` is drawn as a
-        dashed segment, the TPOT at ``tpot_qps`` as a black diamond.
-    """
-    finite = runs[np.isfinite(runs["rate"])]
-    x = alt.X("rate:Q", title="arrival rate (req/s)")
-    blog = f"rescaled to the blog's {published['prompt_tokens_mean']:g} / {published['output_tokens_mean']:g} tokens"
-    color = alt.Color("lengths:N", title="prompt / output lengths", legend=alt.Legend(
-        orient="top", direction="vertical", labelLimit=0, labelExpr=f"datum.label == 'blog' ? \"{blog}\" : 'the ShareGPT file\\'s own'"))
-    lo, hi = published["ttft_qps"]
-    ceiling = pd.DataFrame({"rate": [lo, hi], "mean_ttft_ms": published["mean_ttft_ms_ceiling"], "what": "published ceiling"})
-    tpot = pd.DataFrame({"rate": [published["tpot_qps"]], "mean_tpot_ms": [published["mean_tpot_ms"]],
-                         "what": ["published"]})
-    panels = []
-    for col, ref in (("mean_ttft_ms", ceiling), ("mean_tpot_ms", tpot)):
-        y = alt.Y(f"{col}:Q", title=title(col), scale=alt.Scale(zero=True))
-        sim = alt.Chart(finite).mark_line(point=True).encode(
-            x=x, y=y, color=color, tooltip=["lengths:N", "rate:Q", alt.Tooltip(f"{col}:Q", format=".1f")])
-        if len(ref) > 1:
-            mark = alt.Chart(ref).mark_line(color="black", strokeDash=[4, 3])
-        else:
-            mark = alt.Chart(ref).mark_point(shape="diamond", size=120, filled=True, color="black")
-        text = alt.Chart(ref.tail(1)).mark_text(align="right", dx=-8, dy=-10).encode(x=x, y=y, text="what:N")
-        panels.append(alt.layer(sim, mark.encode(x=x, y=y), text).properties(width=width, height=height))
-    return alt.hconcat(*panels)
-
-
-# --- 11_fact_check ---
-def tradeoff_chart(trade: pd.DataFrame, width: int = 420, height: int = 260):
-    """The newcomer's TTFT against the decoders' tallest gap, one point per token budget (notebook 11).
-
-    Parameters
-    ----------
-    trade : DataFrame
-        :func:`batchlab.experiments.chunking_tradeoff`: ``max_num_batched_tokens``, ``log2_budget`` (an
-        evenly spaced grid), ``ttft_ms``, ``max_itl_ms``, ``base_itl_ms`` (ms), ``chunks``.
-
-    Returns
-    -------
-    altair chart; a slider over log2 of the budget rings the chosen point and reads its numbers; the decoders'
-    cadence before the prompt arrived is a dashed rule.
-    """
-    param, at = grid_param("log2_budget", trade["log2_budget"], "max_num_batched_tokens = 2^",
-                           value=float(trade["log2_budget"].max()))
-    x = alt.X("ttft_ms:Q", title="newcomer's ttft (ms)", scale=alt.Scale(zero=False))
-    y = alt.Y("max_itl_ms:Q", title="tallest decoder gap (ms)", scale=alt.Scale(zero=True))
-    base = alt.Chart(trade).encode(x=x, y=y)
-    tooltip = ["max_num_batched_tokens:Q", "chunks:Q", alt.Tooltip("ttft_ms:Q", format=".0f"),
-               alt.Tooltip("max_itl_ms:Q", format=".0f")]
-    cadence = alt.Chart(pd.DataFrame({"max_itl_ms": [float(trade["base_itl_ms"].median())],
-                                      "text": ["decode cadence before the prompt arrived"]}))
-    picked = base.transform_filter(at).transform_calculate(label=(
-        "format(datum.max_num_batched_tokens, ',') + ' tokens: ' + datum.chunks + ' chunk(s), ttft '"
-        " + format(datum.ttft_ms, ',.0f') + ' ms, gap ' + format(datum.max_itl_ms, ',.0f') + ' ms'"))
-    return alt.layer(
-        base.mark_line(point=True, color=PALETTE[0]).encode(order="max_num_batched_tokens:Q", tooltip=tooltip),
-        base.mark_text(align="left", dx=7, dy=-7, color="#555555").encode(text=alt.Text("max_num_batched_tokens:Q", format=",")),
-        cadence.mark_rule(color="#888888", strokeDash=[4, 3]).encode(y="max_itl_ms:Q"),
-        cadence.mark_text(align="left", baseline="bottom", dy=-3, color="#555555").encode(
-            x=alt.value(4), y="max_itl_ms:Q", text="text:N"),
-        picked.mark_point(size=260, filled=False, color="black", strokeWidth=2),
-        picked.mark_text(align="right", baseline="top", fontWeight="bold").encode(
-            x=alt.value(width), y=alt.value(4), text="label:N"),
-    ).properties(width=width, height=height).add_params(param)
-
-
-# --- 08_two_knobs ---
-TWO_KNOB_KINDS = ("accepted", "refused by vLLM", "vLLM serve default", "vLLM offline default")
-TWO_KNOB_SHAPES = ("circle", "cross", "diamond", "square")
-HIGHLIGHT = PALETTE[2]  # green: the point the sliders pick
-RATE_COLORS = [PALETTE[i] for i in (5, 0, 1, 3, 4, 7)]  # loads, low to high; no green, that is the highlight
-
-
-def two_knobs_chart(df: pd.DataFrame, defaults: dict, offline_tokens: int | None = None, rate_value=None,
-                    x: str = "output_throughput", y: str = "p99_ttft_ms", y2: str = "p99_itl_ms"):
-    """Every operating point of a two-knob sweep, its frontier, vLLM's defaults and the chosen point (notebook 08).
-
-    Parameters
-    ----------
-    df : DataFrame
-        :func:`batchlab.experiments.two_knob_sweep` with a boolean ``frontier`` column: ``rate`` (req/s),
-        ``max_num_seqs``, ``max_num_batched_tokens`` (powers of two), ``vllm_refuses``, ``x``, ``y``, ``y2``.
-    defaults : dict
-        vLLM's ``vllm serve`` defaults (:func:`batchlab.vllm_defaults`): the slider start and a marked point.
-    offline_tokens : int, optional
-        ``max_num_batched_tokens`` of the offline default (same ``max_num_seqs``), marked too.
-    rate_value : float, optional
-        The rate selected at first (default: the second highest).
-    x, y, y2 : str
-        Throughput (tok/s) and the two latencies (ms): ``y`` in the top panel with the frontier, ``y2`` below.
-
-    Returns
-    -------
-    altair chart: two sliders (log2 of each knob; a select box if a knob's grid is not evenly spaced in log2)
-    and radio buttons for the rate pick the green point; the points of the
-    selected rate are drawn stronger than the rest, and the text above reads the chosen configuration.
-    """
-    data = df[["rate", "max_num_seqs", "max_num_batched_tokens", "vllm_refuses", "frontier", x, y, y2]].copy()
-    data["log2_seqs"] = np.log2(data["max_num_seqs"]).round().astype(int)
-    data["log2_tokens"] = np.log2(data["max_num_batched_tokens"]).round().astype(int)
-    data["kind"] = np.where(data["vllm_refuses"], TWO_KNOB_KINDS[1], TWO_KNOB_KINDS[0])
-    rates = np.sort(data["rate"].unique())
-    seqs_p, at_seqs = grid_param("log2_seqs", data["log2_seqs"], "max_num_seqs = 2^",
-                                 value=int(np.log2(defaults["max_num_seqs"])))
-    tok_p, at_tok = grid_param("log2_tokens", data["log2_tokens"], "max_num_batched_tokens = 2^",
-                               value=int(np.log2(defaults["max_num_batched_tokens"])))
-    rate_value = rates[max(rates.size - 2, 0)] if rate_value is None else rate_value
-    # Radio buttons, not grid_param: a handful of loads reads better as named choices than as a slider.
-    rate_p = alt.param(name="rate", value=float(rate_value),
-                       bind=alt.binding_radio(options=rates.tolist(), name="request rate (req/s) "))
-    at_rate = f"abs(datum['rate'] - rate) < {float(np.diff(rates).min() / 2) if rates.size > 1 else 0.5!r}"
-    marks = [data[(data["max_num_seqs"] == defaults["max_num_seqs"])
-                  & (data["max_num_batched_tokens"] == defaults["max_num_batched_tokens"])].assign(kind=TWO_KNOB_KINDS[2])]
-    if offline_tokens is not None:
-        marks.append(data[(data["max_num_seqs"] == defaults["max_num_seqs"])
-                          & (data["max_num_batched_tokens"] == offline_tokens)].assign(kind=TWO_KNOB_KINDS[3]))
-    marks = pd.concat(marks, ignore_index=True)
-    chosen = f"{at_seqs} && {at_tok} && {at_rate}"
-    tooltip = [alt.Tooltip("rate:Q", title="rate (req/s)"), "max_num_seqs:Q", "max_num_batched_tokens:Q",
-               alt.Tooltip(f"{x}:Q", format=",.0f", title=title(x)), alt.Tooltip(f"{y}:Q", format=",.0f", title=title(y)),
-               alt.Tooltip(f"{y2}:Q", format=",.0f", title=title(y2))]
-    shape = alt.Shape("kind:N", title=None, scale=alt.Scale(domain=list(TWO_KNOB_KINDS), range=list(TWO_KNOB_SHAPES)),
-                      legend=alt.Legend(orient="bottom"))
-    xenc = alt.X(f"{x}:Q", title=title(x), scale=alt.Scale(zero=False))
-
-    def panel(col, height, frontier):
-        yenc = alt.Y(f"{col}:Q", title=title(col), scale=alt.Scale(type="log"))
-        base = alt.Chart(data).encode(x=xenc, y=yenc)
-        layers = [base.mark_point(filled=True, size=40).encode(
-            color=alt.Color("rate:N", title="request rate (req/s)", scale=alt.Scale(range=RATE_COLORS),
-                            legend=alt.Legend(orient="bottom")), shape=shape,
-            opacity=alt.when(at_rate).then(alt.value(0.6)).otherwise(alt.value(0.12)), tooltip=tooltip)]
-        if frontier:
-            layers.append(base.transform_filter("datum.frontier").mark_line(color="black", point=True, strokeWidth=1.5))
-        layers.append(alt.Chart(marks).mark_point(size=170, filled=False, color="black", strokeWidth=1.5).encode(
-            x=xenc, y=yenc, shape=shape, opacity=alt.when(at_rate).then(alt.value(1.0)).otherwise(alt.value(0.25)),
-            tooltip=tooltip))
-        layers.append(base.transform_filter(chosen).mark_point(
-            filled=True, size=260, color=HIGHLIGHT, stroke="black", strokeWidth=1.5, opacity=1).encode(tooltip=tooltip))
-        return alt.layer(*layers).properties(width=560, height=height)
-
-    readout = alt.Chart(data).transform_filter(chosen).transform_calculate(label=(
-        "'max_num_seqs ' + datum.max_num_seqs + ', max_num_batched_tokens ' + datum.max_num_batched_tokens"
-        f" + ' at ' + datum.rate + ' req/s: ' + format(datum['{x}'], ',.0f') + ' tok/s, "
-        f"{title(y).split(' (')[0]} ' + format(datum['{y}'], ',.0f') + ' ms, {title(y2).split(' (')[0]} '"
-        f" + format(datum['{y2}'], ',.0f') + ' ms' + (datum.vllm_refuses ? ' (vLLM refuses this)' : '')")
-    ).mark_text(align="left", fontSize=12, fontWeight="bold", color="#333333").encode(
-        x=alt.value(0), y=alt.value(0), text="label:N").properties(width=560, height=14)
-    return alt.vconcat(readout, panel(y, 300, True), panel(y2, 170, False), spacing=6).add_params(seqs_p, tok_p, rate_p)

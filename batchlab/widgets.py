@@ -10,6 +10,8 @@ import inspect
 import ipywidgets as ipw
 from IPython.display import display
 
+from . import viz
+
 
 def control(name: str, spec, value=None):
     """A widget for one argument, starting at ``value`` (default: the lowest value or first option).
@@ -54,6 +56,7 @@ def explore(fn, **controls):
     >>> explore(lambda cv: viz.padding_chart(*experiments.static_padding_sweep(cost, [cv])),
     ...         cv=(0.0, 3.0, 0.1))  # doctest: +SKIP
     """
+    viz.ensure_library()  # not through the Output widget: see viz.ensure_library
     defaults = {k: p.default for k, p in inspect.signature(fn).parameters.items() if p.default is not p.empty}
     widgets = {name: control(name, spec, defaults.get(name)) for name, spec in controls.items()}
     out = ipw.Output()
