@@ -528,6 +528,82 @@ def load_sweep_chart(runs: pd.DataFrame, capacities: pd.DataFrame, metric: str =
     return alt.layer(lines, rules, text).properties(width=460, height=280)
 
 
+# --- 03_continuous_batching ---
+def _gantt_layers(df: pd.DataFrame, facet: str, highlight: bool, last_end: bool):
+    """:func:`gantt_chart` with a request-highlight slider and/or the last end of each panel marked."""
+    enc = dict(x=alt.X("start_s:Q", title="time (s)"), x2="end_s:Q", y=alt.Y("request:O", title="request"),
+               color=alt.Color("phase:N", title=None, legend=alt.Legend(orient="top"),
+                               scale=alt.Scale(domain=list(PHASES), range=list(PHASE_COLORS))),
+               tooltip=["request:O", "phase:N", alt.Tooltip("start_s:Q", format=".3f"),
+                        alt.Tooltip("end_s:Q", format=".3f")])
+    params = []
+    if highlight:
+        ids = np.unique(df["request"])
+        param, _ = grid_param("request", np.arange(-1, ids.max() + 1), "highlight request (-1: none)", value=-1)
+        enc["opacity"] = alt.when("request < 0 || datum.request == request").then(alt.value(1.0)).otherwise(
+            alt.value(0.2))
+        params.append(param)
+    layers = [alt.Chart().mark_bar().encode(**enc)]
+    if last_end:
+        last = alt.Chart().transform_aggregate(last_s="max(end_s)")
+        layers += [last.mark_rule(color="black", strokeDash=[4, 3]).encode(x="last_s:Q"),
+                   last.transform_calculate(label="'last request ends at ' + format(datum.last_s, '.2f') + ' s'")
+                   .mark_text(align="right", baseline="top", dx=-4, y=2).encode(x="last_s:Q", text="label:N")]
+    chart = alt.layer(*layers, data=df)
+    if facet in df.columns:
+        chart = chart.properties(width=520, height=alt.Step(12)).facet(row=alt.Row(f"{facet}:N", title=None,
+                                                                                   sort=list(pd.unique(df[facet]))))
+    return chart.add_params(*params) if params else chart
+
+
+def occupancy_frame(res, label: str | None = None) -> pd.DataFrame:
+    """Batch occupancy over time as step functions: slots held and rows that produced a token.
+
+    One row per change: ``time_s`` (s), ``measure`` ("slots held": ``steps.running``, rows of a lockstep
+    batch that finished included; "rows generating": rows whose token came out of that iteration) and
+    ``rows``, and ``policy`` (``label``, default the run's policy). Idle gaps between iterations are zeros.
+    """
+    from .experiments import tokens_per_step
+
+    steps = res.steps
+    start = steps["start_s"].to_numpy()
+    end = start + steps["duration_s"].to_numpy()
+    held, gen = steps["running"].to_numpy(), tokens_per_step(res)
+    gap = np.append(start[1:] > end[:-1], True)  # idle after this iteration (and after the last one)
+    t = np.concatenate([start, end[gap]])
+    h = np.concatenate([held, np.zeros(gap.sum(), held.dtype)])
+    g = np.concatenate([gen, np.zeros(gap.sum(), gen.dtype)])
+    order = np.argsort(t, kind="stable")
+    t, h, g = t[order], h[order], g[order]
+    change = np.ones(t.size, bool)
+    change[1:] = (h[1:] != h[:-1]) | (g[1:] != g[:-1])
+    change[-1] = True
+    wide = pd.DataFrame({"time_s": t[change], "slots held": h[change], "rows generating": g[change]})
+    long = wide.melt(id_vars="time_s", var_name="measure", value_name="rows")
+    return long.assign(policy=label or res.policy)
+
+
+def occupancy_panels_chart(df: pd.DataFrame, facet: str = "policy"):
+    """Slots held (line) and rows generating a token (area) over time, one panel per ``facet`` (notebook 03).
+
+    Parameters
+    ----------
+    df : DataFrame
+        :func:`occupancy_frame` of one or more runs, concatenated.
+    facet : str
+        Column splitting the panels.
+    """
+    x = alt.X("time_s:Q", title="time (s)")
+    color = alt.Color("measure:N", title=None, legend=alt.Legend(orient="top"),
+                      scale=alt.Scale(domain=["slots held", "rows generating"], range=["#CC79A7", "#0072B2"]))
+    area = alt.Chart().transform_filter("datum.measure == 'rows generating'").mark_area(
+        interpolate="step-after", opacity=0.45).encode(x=x, y=alt.Y("rows:Q", title="sequences"), color=color)
+    line = alt.Chart().transform_filter("datum.measure == 'slots held'").mark_line(
+        interpolate="step-after", strokeWidth=1.5).encode(x=x, y="rows:Q", color=color)
+    return alt.layer(area, line, data=df).properties(width=520, height=70).facet(
+        row=alt.Row(f"{facet}:N", title=None, sort=list(pd.unique(df[facet]))))
+
+
 # --- 04_step_time_roofline ---
 COST_COLORS = {"roofline": PALETTE[0], "calibrated": PALETTE[1]}
 
@@ -643,6 +719,170 @@ def spike_chart(itl: pd.DataFrame, behind: pd.DataFrame, reference_ms: float | N
     return alt.vconcat(alt.layer(*layers).properties(width=width, height=height),
                        ttft.properties(width=width, height=int(height * 0.6))).resolve_legend(
         color="independent").add_params(model, order)  # the legend sits with the panel it belongs to
+
+
+# --- 06_chunked_prefill ---
+def log_ticks(values, scale: float = 1.0) -> list[float]:
+    """Tick values 1, 2, 3, 5 x 10^k spanning ``values * scale``: log axes otherwise crowd their labels."""
+    v = np.asarray(values, dtype=float) * scale
+    v = v[np.isfinite(v) & (v > 0)]
+    lo, hi = np.floor(np.log10(v.min())), np.ceil(np.log10(v.max()))
+    ticks = [m * 10.0 ** k for k in np.arange(lo, hi + 1) for m in (1, 2, 3, 5)]
+    inside = [t for t in ticks if v.min() / 1.5 <= t <= v.max() * 1.5]
+    return [int(round(t)) if t >= 1 else float(f"{t:.12g}") for t in inside]
+
+
+def chunking_chart(points: pd.DataFrame, timeline: pd.DataFrame, curve: pd.DataFrame, value: int = 2048):
+    """The chunked-prefill trade: worst decoder ITL against the newcomer's TTFT, and the ITL timeline (notebook 06).
+
+    Parameters
+    ----------
+    points : DataFrame
+        :func:`batchlab.experiments.chunk_budget_sweep` points: ``config`` ("chunked"/"unchunked"), ``budget``
+        (tokens), ``log2_budget`` (evenly spaced over the chunked rows), ``itl_max_s``, ``ttft_s`` (s).
+    timeline : DataFrame
+        Its timelines: ``config``, ``budget``, ``log2_budget``, ``time_s`` (s since the arrival), ``itl_s``.
+    curve : DataFrame
+        ``itl_max_s`` and ``ttft_s`` along the fitted hyperbola (``HyperbolaFit.curve``).
+    value : int
+        Budget selected at first.
+
+    Returns
+    -------
+    altair chart; the slider picks the budget (as log2) and the checkbox turns chunking off, which moves the
+    ring on the trade-off curve and redraws the timeline.
+    """
+    chunked = points[points["config"] == "chunked"]
+    budget, at_budget = grid_param("log2_budget", chunked["log2_budget"], "max_num_batched_tokens = 2^",
+                                   value=float(np.log2(value)))
+    toggle = alt.param(name="chunking", value=True, bind=alt.binding_checkbox(name="chunked prefill "))
+    chosen = f"chunking ? (datum.config == 'chunked' && {at_budget}) : datum.config == 'unchunked'"
+    ms = {"itl_ms": "datum.itl_max_s * 1000", "ttft_ms": "datum.ttft_s * 1000"}
+    x = alt.X("ttft_ms:Q", title="newcomer's time to first token (ms)", scale=alt.Scale(type="log", nice=False),
+              axis=alt.Axis(values=log_ticks(points["ttft_s"] * 1e3), format=","))
+    y = alt.Y("itl_ms:Q", title="decoders' worst inter-token latency (ms)", scale=alt.Scale(type="log", nice=False),
+              axis=alt.Axis(values=log_ticks(points["itl_max_s"] * 1e3), format=","))
+    tips = ["config:N", "budget:Q", alt.Tooltip("itl_ms:Q", format=".1f"), alt.Tooltip("ttft_ms:Q", format=".0f")]
+    fit = alt.Chart(curve).transform_calculate(**ms).mark_line(color="#999999", strokeDash=[5, 3], strokeWidth=1.5)
+    base = alt.Chart(points).transform_calculate(**ms).encode(x=x, y=y, tooltip=tips)
+    trade = base.transform_filter("datum.config == 'chunked'").mark_line(point=True, color=PALETTE[0])
+    off = base.transform_filter("datum.config == 'unchunked'").mark_point(shape="square", size=90, color=PALETTE[3])
+    names = base.transform_filter("datum.config == 'chunked'").mark_text(align="left", dx=8, dy=-8, fontSize=10
+                                                                         ).encode(text="budget:Q")
+    ring = base.transform_filter(chosen).mark_point(size=300, filled=False, strokeWidth=2, color="black")
+    left = alt.layer(fit.encode(x=x, y=y), trade.encode(order="budget:Q"), off, names, ring).properties(
+        width=440, height=250)
+    return alt.vconcat(left, _chunking_timeline(points, timeline, chosen)).add_params(budget, toggle)
+
+
+def _chunking_timeline(points, timeline, chosen):
+    """Lower panel of :func:`chunking_chart`: the decoders' gaps at the chosen run, the first token ruled."""
+    lo, hi = float(timeline["time_s"].min()), float(timeline["time_s"].max())
+    x = alt.X("time_s:Q", title="time since the long prompt arrived (s)", scale=alt.Scale(domain=[lo, hi]))
+    top = float(timeline["itl_s"].max() * 1e3 * 1.08)
+    bars = alt.Chart(timeline).transform_filter(chosen).transform_calculate(itl_ms="datum.itl_s * 1000").mark_bar(
+        width=2.5, color=PALETTE[0]).encode(x=x, y=alt.Y("itl_ms:Q", title="decoders' inter-token latency (ms)",
+                                                         scale=alt.Scale(domain=[0, top])))
+    first = alt.Chart(points).transform_filter(chosen).transform_calculate(
+        label="(datum.config == 'chunked' ? 'budget ' + format(datum.budget, ',') + ' tokens' : 'chunking off')"
+              " + ': first token after ' + format(datum.ttft_s * 1000, ',.0f') + ' ms'")
+    rule = first.mark_rule(color=PALETTE[3], strokeDash=[4, 3]).encode(x="ttft_s:Q")
+    text = first.mark_text(align="right", baseline="top", y=2, color=PALETTE[3], fontSize=11).encode(
+        x=alt.value(440), text="label:N")
+    return alt.layer(bars, rule, text).properties(width=440, height=180)
+
+
+# --- 07_piggybacking ---
+KIND_COLORS = {"decode": PALETTE[0], "mixed": PALETTE[2], "prefill": PALETTE[3]}  # step kinds of notebook 07
+
+
+def _kind_color():
+    return alt.Color("kind:N", title="step", scale=alt.Scale(domain=list(KIND_COLORS), range=list(KIND_COLORS.values())),
+                     legend=alt.Legend(orient="top"))
+
+
+def utilisation_chart(steps: pd.DataFrame, ceiling: pd.DataFrame):
+    """Each iteration's share of peak FLOP/s against its share of HBM bandwidth, and the roofline (notebook 07).
+
+    Parameters
+    ----------
+    steps : DataFrame
+        :func:`batchlab.experiments.step_utilisation`: ``kind``, ``compute_util``, ``bandwidth_util`` (shares),
+        ``intensity`` (FLOP/byte), ``flops_per_s`` and ``run``.
+    ceiling : DataFrame
+        :func:`batchlab.experiments.roofline_ceiling`: ``intensity``, ``flops_per_s``.
+    """
+    tips = ["run:N", "kind:N", "prefill_tokens:Q", "decode_seqs:Q", alt.Tooltip("compute_util:Q", format=".0%"),
+            alt.Tooltip("bandwidth_util:Q", format=".0%")]
+    share, pct = alt.Scale(domain=[0, 1]), alt.Axis(format="%", values=[0, 0.2, 0.4, 0.6, 0.8, 1.0])
+    utils = alt.Chart(steps).mark_circle(size=18, opacity=0.5).encode(
+        x=alt.X("bandwidth_util:Q", title="share of peak memory bandwidth (%)", scale=share, axis=pct),
+        y=alt.Y("compute_util:Q", title="share of peak compute (%)", scale=share, axis=pct),
+        color=_kind_color(), tooltip=tips).properties(width=440, height=220)
+    tflops = "datum.flops_per_s / 1e12"
+    x = alt.X("intensity:Q", title="arithmetic intensity (flop per byte)", scale=alt.Scale(type="log", nice=False),
+              axis=alt.Axis(values=log_ticks(ceiling["intensity"]), format=","))
+    span = [float(ceiling["flops_per_s"].min() / 1e12), float(ceiling["flops_per_s"].max() / 1e12 * 1.1)]
+    y = alt.Y("tflops:Q", title="achieved compute (tflop/s)", scale=alt.Scale(type="log", domain=span),
+              axis=alt.Axis(values=log_ticks(steps["flops_per_s"].tolist() + ceiling["flops_per_s"].tolist(), 1e-12),
+                            format=","))
+    dots = alt.Chart(steps).transform_calculate(tflops=tflops).mark_circle(size=18, opacity=0.5).encode(
+        x=x, y=y, color=_kind_color(), tooltip=tips)
+    roof = alt.Chart(ceiling).transform_calculate(tflops=tflops).mark_line(color="#333333", strokeWidth=1).encode(x=x, y=y)
+    return alt.vconcat(utils, alt.layer(roof, dots).properties(width=440, height=220))
+
+
+def budget_split_chart(split: pd.DataFrame, value: int = 2048):
+    """Prompt tokens and decode tokens per iteration over a run, stacked, with a budget slider (notebook 07).
+
+    Parameters
+    ----------
+    split : DataFrame
+        :func:`batchlab.experiments.budget_split`: ``budget``, ``log2_budget`` (evenly spaced), ``time_s``, ``kind``
+        ("prefill"/"decode"), ``tokens_per_step``.
+    value : int
+        Budget selected at first.
+    """
+    param, at = grid_param("log2_budget", split["log2_budget"], "max_num_batched_tokens = 2^",
+                           value=float(np.log2(value)))
+    base = alt.Chart(split).transform_filter(at)
+    area = base.mark_area(interpolate="step-after", opacity=0.85).encode(
+        x=alt.X("time_s:Q", title="time (s)"),
+        y=alt.Y("tokens_per_step:Q", title="tokens per iteration (mean over 1 s)", stack="zero"),
+        color=alt.Color("kind:N", title=None, scale=alt.Scale(domain=["decode", "prefill"],
+                                                              range=[KIND_COLORS["decode"], KIND_COLORS["prefill"]]),
+                        legend=alt.Legend(orient="top")),
+        order=alt.Order("order:Q"), tooltip=["time_s:Q", "kind:N", alt.Tooltip("tokens_per_step:Q", format=".0f")]
+    ).transform_calculate(order="datum.kind == 'decode' ? 0 : 1")
+    rule = base.transform_aggregate(budget="max(budget)").mark_rule(strokeDash=[4, 3], color="#333333").encode(
+        y="budget:Q")
+    text = base.transform_aggregate(budget="max(budget)").transform_calculate(
+        label="'budget ' + format(datum.budget, ',') + ' tokens'").mark_text(
+        align="left", x=4, dy=-7, fontSize=11).encode(y="budget:Q", text="label:N")
+    return alt.layer(area, rule, text).properties(width=470, height=240).add_params(param)
+
+
+def mixing_chart(df: pd.DataFrame, rate: float):
+    """Output throughput and p99 ITL against offered load, one line per policy, the headline load ruled (notebook 07).
+
+    Parameters
+    ----------
+    df : DataFrame
+        :func:`batchlab.experiments.mixing_comparison`: ``rate`` (req/s, finite), ``policy``,
+        ``output_throughput`` (tok/s), ``p99_itl_ms`` (ms).
+    rate : float
+        The offered load the page reads its numbers at (req/s).
+    """
+    color = alt.Color("policy:N", title=None, legend=alt.Legend(orient="bottom", columns=1, labelLimit=0))
+    x = alt.X("rate:Q", title="offered load (requests/s)")
+    base = alt.Chart(df[np.isfinite(df["rate"])]).encode(x=x, color=color, tooltip=list(df.columns[:2]))
+    mark = alt.Chart(pd.DataFrame({"rate": [rate]})).mark_rule(strokeDash=[4, 3], color="#777777").encode(x=x)
+    tput = alt.layer(base.mark_line(point=True).encode(y=alt.Y("output_throughput:Q", title=title("output_throughput"))),
+                     mark).properties(width=440, height=200)
+    itl = alt.layer(base.mark_line(point=True).encode(y=alt.Y("p99_itl_ms:Q", title="p99 inter-token latency (ms)",
+                                                              scale=alt.Scale(type="log"))),
+                    mark).properties(width=440, height=200)
+    return alt.vconcat(tput, itl)
 
 
 # --- 08_two_knobs ---
@@ -876,243 +1116,3 @@ def tradeoff_chart(trade: pd.DataFrame, width: int = 420, height: int = 260):
         picked.mark_text(align="right", baseline="top", fontWeight="bold").encode(
             x=alt.value(width), y=alt.value(4), text="label:N"),
     ).properties(width=width, height=height).add_params(param)
-
-
-# --- 06_chunked_prefill ---
-def log_ticks(values, scale: float = 1.0) -> list[float]:
-    """Tick values 1, 2, 3, 5 x 10^k spanning ``values * scale``: log axes otherwise crowd their labels."""
-    v = np.asarray(values, dtype=float) * scale
-    v = v[np.isfinite(v) & (v > 0)]
-    lo, hi = np.floor(np.log10(v.min())), np.ceil(np.log10(v.max()))
-    ticks = [m * 10.0 ** k for k in np.arange(lo, hi + 1) for m in (1, 2, 3, 5)]
-    inside = [t for t in ticks if v.min() / 1.5 <= t <= v.max() * 1.5]
-    return [int(round(t)) if t >= 1 else float(f"{t:.12g}") for t in inside]
-
-
-def chunking_chart(points: pd.DataFrame, timeline: pd.DataFrame, curve: pd.DataFrame, value: int = 2048):
-    """The chunked-prefill trade: worst decoder ITL against the newcomer's TTFT, and the ITL timeline (notebook 06).
-
-    Parameters
-    ----------
-    points : DataFrame
-        :func:`batchlab.experiments.chunk_budget_sweep` points: ``config`` ("chunked"/"unchunked"), ``budget``
-        (tokens), ``log2_budget`` (evenly spaced over the chunked rows), ``itl_max_s``, ``ttft_s`` (s).
-    timeline : DataFrame
-        Its timelines: ``config``, ``budget``, ``log2_budget``, ``time_s`` (s since the arrival), ``itl_s``.
-    curve : DataFrame
-        ``itl_max_s`` and ``ttft_s`` along the fitted hyperbola (``HyperbolaFit.curve``).
-    value : int
-        Budget selected at first.
-
-    Returns
-    -------
-    altair chart; the slider picks the budget (as log2) and the checkbox turns chunking off, which moves the
-    ring on the trade-off curve and redraws the timeline.
-    """
-    chunked = points[points["config"] == "chunked"]
-    budget, at_budget = grid_param("log2_budget", chunked["log2_budget"], "max_num_batched_tokens = 2^",
-                                   value=float(np.log2(value)))
-    toggle = alt.param(name="chunking", value=True, bind=alt.binding_checkbox(name="chunked prefill "))
-    chosen = f"chunking ? (datum.config == 'chunked' && {at_budget}) : datum.config == 'unchunked'"
-    ms = {"itl_ms": "datum.itl_max_s * 1000", "ttft_ms": "datum.ttft_s * 1000"}
-    x = alt.X("ttft_ms:Q", title="newcomer's time to first token (ms)", scale=alt.Scale(type="log", nice=False),
-              axis=alt.Axis(values=log_ticks(points["ttft_s"] * 1e3), format=","))
-    y = alt.Y("itl_ms:Q", title="decoders' worst inter-token latency (ms)", scale=alt.Scale(type="log", nice=False),
-              axis=alt.Axis(values=log_ticks(points["itl_max_s"] * 1e3), format=","))
-    tips = ["config:N", "budget:Q", alt.Tooltip("itl_ms:Q", format=".1f"), alt.Tooltip("ttft_ms:Q", format=".0f")]
-    fit = alt.Chart(curve).transform_calculate(**ms).mark_line(color="#999999", strokeDash=[5, 3], strokeWidth=1.5)
-    base = alt.Chart(points).transform_calculate(**ms).encode(x=x, y=y, tooltip=tips)
-    trade = base.transform_filter("datum.config == 'chunked'").mark_line(point=True, color=PALETTE[0])
-    off = base.transform_filter("datum.config == 'unchunked'").mark_point(shape="square", size=90, color=PALETTE[3])
-    names = base.transform_filter("datum.config == 'chunked'").mark_text(align="left", dx=8, dy=-8, fontSize=10
-                                                                         ).encode(text="budget:Q")
-    ring = base.transform_filter(chosen).mark_point(size=300, filled=False, strokeWidth=2, color="black")
-    left = alt.layer(fit.encode(x=x, y=y), trade.encode(order="budget:Q"), off, names, ring).properties(
-        width=440, height=250)
-    return alt.vconcat(left, _chunking_timeline(points, timeline, chosen)).add_params(budget, toggle)
-
-
-def _chunking_timeline(points, timeline, chosen):
-    """Lower panel of :func:`chunking_chart`: the decoders' gaps at the chosen run, the first token ruled."""
-    lo, hi = float(timeline["time_s"].min()), float(timeline["time_s"].max())
-    x = alt.X("time_s:Q", title="time since the long prompt arrived (s)", scale=alt.Scale(domain=[lo, hi]))
-    top = float(timeline["itl_s"].max() * 1e3 * 1.08)
-    bars = alt.Chart(timeline).transform_filter(chosen).transform_calculate(itl_ms="datum.itl_s * 1000").mark_bar(
-        width=2.5, color=PALETTE[0]).encode(x=x, y=alt.Y("itl_ms:Q", title="decoders' inter-token latency (ms)",
-                                                         scale=alt.Scale(domain=[0, top])))
-    first = alt.Chart(points).transform_filter(chosen).transform_calculate(
-        label="(datum.config == 'chunked' ? 'budget ' + format(datum.budget, ',') + ' tokens' : 'chunking off')"
-              " + ': first token after ' + format(datum.ttft_s * 1000, ',.0f') + ' ms'")
-    rule = first.mark_rule(color=PALETTE[3], strokeDash=[4, 3]).encode(x="ttft_s:Q")
-    text = first.mark_text(align="right", baseline="top", y=2, color=PALETTE[3], fontSize=11).encode(
-        x=alt.value(440), text="label:N")
-    return alt.layer(bars, rule, text).properties(width=440, height=180)
-
-
-# --- 07_piggybacking ---
-KIND_COLORS = {"decode": PALETTE[0], "mixed": PALETTE[2], "prefill": PALETTE[3]}  # step kinds of notebook 07
-
-
-def _kind_color():
-    return alt.Color("kind:N", title="step", scale=alt.Scale(domain=list(KIND_COLORS), range=list(KIND_COLORS.values())),
-                     legend=alt.Legend(orient="top"))
-
-
-def utilisation_chart(steps: pd.DataFrame, ceiling: pd.DataFrame):
-    """Each iteration's share of peak FLOP/s against its share of HBM bandwidth, and the roofline (notebook 07).
-
-    Parameters
-    ----------
-    steps : DataFrame
-        :func:`batchlab.experiments.step_utilisation`: ``kind``, ``compute_util``, ``bandwidth_util`` (shares),
-        ``intensity`` (FLOP/byte), ``flops_per_s`` and ``run``.
-    ceiling : DataFrame
-        :func:`batchlab.experiments.roofline_ceiling`: ``intensity``, ``flops_per_s``.
-    """
-    tips = ["run:N", "kind:N", "prefill_tokens:Q", "decode_seqs:Q", alt.Tooltip("compute_util:Q", format=".0%"),
-            alt.Tooltip("bandwidth_util:Q", format=".0%")]
-    share, pct = alt.Scale(domain=[0, 1]), alt.Axis(format="%", values=[0, 0.2, 0.4, 0.6, 0.8, 1.0])
-    utils = alt.Chart(steps).mark_circle(size=18, opacity=0.5).encode(
-        x=alt.X("bandwidth_util:Q", title="share of peak memory bandwidth (%)", scale=share, axis=pct),
-        y=alt.Y("compute_util:Q", title="share of peak compute (%)", scale=share, axis=pct),
-        color=_kind_color(), tooltip=tips).properties(width=440, height=220)
-    tflops = "datum.flops_per_s / 1e12"
-    x = alt.X("intensity:Q", title="arithmetic intensity (flop per byte)", scale=alt.Scale(type="log", nice=False),
-              axis=alt.Axis(values=log_ticks(ceiling["intensity"]), format=","))
-    span = [float(ceiling["flops_per_s"].min() / 1e12), float(ceiling["flops_per_s"].max() / 1e12 * 1.1)]
-    y = alt.Y("tflops:Q", title="achieved compute (tflop/s)", scale=alt.Scale(type="log", domain=span),
-              axis=alt.Axis(values=log_ticks(steps["flops_per_s"].tolist() + ceiling["flops_per_s"].tolist(), 1e-12),
-                            format=","))
-    dots = alt.Chart(steps).transform_calculate(tflops=tflops).mark_circle(size=18, opacity=0.5).encode(
-        x=x, y=y, color=_kind_color(), tooltip=tips)
-    roof = alt.Chart(ceiling).transform_calculate(tflops=tflops).mark_line(color="#333333", strokeWidth=1).encode(x=x, y=y)
-    return alt.vconcat(utils, alt.layer(roof, dots).properties(width=440, height=220))
-
-
-def budget_split_chart(split: pd.DataFrame, value: int = 2048):
-    """Prompt tokens and decode tokens per iteration over a run, stacked, with a budget slider (notebook 07).
-
-    Parameters
-    ----------
-    split : DataFrame
-        :func:`batchlab.experiments.budget_split`: ``budget``, ``log2_budget`` (evenly spaced), ``time_s``, ``kind``
-        ("prefill"/"decode"), ``tokens_per_step``.
-    value : int
-        Budget selected at first.
-    """
-    param, at = grid_param("log2_budget", split["log2_budget"], "max_num_batched_tokens = 2^",
-                           value=float(np.log2(value)))
-    base = alt.Chart(split).transform_filter(at)
-    area = base.mark_area(interpolate="step-after", opacity=0.85).encode(
-        x=alt.X("time_s:Q", title="time (s)"),
-        y=alt.Y("tokens_per_step:Q", title="tokens per iteration (mean over 1 s)", stack="zero"),
-        color=alt.Color("kind:N", title=None, scale=alt.Scale(domain=["decode", "prefill"],
-                                                              range=[KIND_COLORS["decode"], KIND_COLORS["prefill"]]),
-                        legend=alt.Legend(orient="top")),
-        order=alt.Order("order:Q"), tooltip=["time_s:Q", "kind:N", alt.Tooltip("tokens_per_step:Q", format=".0f")]
-    ).transform_calculate(order="datum.kind == 'decode' ? 0 : 1")
-    rule = base.transform_aggregate(budget="max(budget)").mark_rule(strokeDash=[4, 3], color="#333333").encode(
-        y="budget:Q")
-    text = base.transform_aggregate(budget="max(budget)").transform_calculate(
-        label="'budget ' + format(datum.budget, ',') + ' tokens'").mark_text(
-        align="left", x=4, dy=-7, fontSize=11).encode(y="budget:Q", text="label:N")
-    return alt.layer(area, rule, text).properties(width=470, height=240).add_params(param)
-
-
-def mixing_chart(df: pd.DataFrame, rate: float):
-    """Output throughput and p99 ITL against offered load, one line per policy, the headline load ruled (notebook 07).
-
-    Parameters
-    ----------
-    df : DataFrame
-        :func:`batchlab.experiments.mixing_comparison`: ``rate`` (req/s, finite), ``policy``,
-        ``output_throughput`` (tok/s), ``p99_itl_ms`` (ms).
-    rate : float
-        The offered load the page reads its numbers at (req/s).
-    """
-    color = alt.Color("policy:N", title=None, legend=alt.Legend(orient="bottom", columns=1, labelLimit=0))
-    x = alt.X("rate:Q", title="offered load (requests/s)")
-    base = alt.Chart(df[np.isfinite(df["rate"])]).encode(x=x, color=color, tooltip=list(df.columns[:2]))
-    mark = alt.Chart(pd.DataFrame({"rate": [rate]})).mark_rule(strokeDash=[4, 3], color="#777777").encode(x=x)
-    tput = alt.layer(base.mark_line(point=True).encode(y=alt.Y("output_throughput:Q", title=title("output_throughput"))),
-                     mark).properties(width=440, height=200)
-    itl = alt.layer(base.mark_line(point=True).encode(y=alt.Y("p99_itl_ms:Q", title="p99 inter-token latency (ms)",
-                                                              scale=alt.Scale(type="log"))),
-                    mark).properties(width=440, height=200)
-    return alt.vconcat(tput, itl)
-
-
-# --- 03_continuous_batching ---
-def _gantt_layers(df: pd.DataFrame, facet: str, highlight: bool, last_end: bool):
-    """:func:`gantt_chart` with a request-highlight slider and/or the last end of each panel marked."""
-    enc = dict(x=alt.X("start_s:Q", title="time (s)"), x2="end_s:Q", y=alt.Y("request:O", title="request"),
-               color=alt.Color("phase:N", title=None, legend=alt.Legend(orient="top"),
-                               scale=alt.Scale(domain=list(PHASES), range=list(PHASE_COLORS))),
-               tooltip=["request:O", "phase:N", alt.Tooltip("start_s:Q", format=".3f"),
-                        alt.Tooltip("end_s:Q", format=".3f")])
-    params = []
-    if highlight:
-        ids = np.unique(df["request"])
-        param, _ = grid_param("request", np.arange(-1, ids.max() + 1), "highlight request (-1: none)", value=-1)
-        enc["opacity"] = alt.when("request < 0 || datum.request == request").then(alt.value(1.0)).otherwise(
-            alt.value(0.2))
-        params.append(param)
-    layers = [alt.Chart().mark_bar().encode(**enc)]
-    if last_end:
-        last = alt.Chart().transform_aggregate(last_s="max(end_s)")
-        layers += [last.mark_rule(color="black", strokeDash=[4, 3]).encode(x="last_s:Q"),
-                   last.transform_calculate(label="'last request ends at ' + format(datum.last_s, '.2f') + ' s'")
-                   .mark_text(align="right", baseline="top", dx=-4, y=2).encode(x="last_s:Q", text="label:N")]
-    chart = alt.layer(*layers, data=df)
-    if facet in df.columns:
-        chart = chart.properties(width=520, height=alt.Step(12)).facet(row=alt.Row(f"{facet}:N", title=None,
-                                                                                   sort=list(pd.unique(df[facet]))))
-    return chart.add_params(*params) if params else chart
-
-
-def occupancy_frame(res, label: str | None = None) -> pd.DataFrame:
-    """Batch occupancy over time as step functions: slots held and rows that produced a token.
-
-    One row per change: ``time_s`` (s), ``measure`` ("slots held": ``steps.running``, rows of a lockstep
-    batch that finished included; "rows generating": rows whose token came out of that iteration) and
-    ``rows``, and ``policy`` (``label``, default the run's policy). Idle gaps between iterations are zeros.
-    """
-    from .experiments import tokens_per_step
-
-    steps = res.steps
-    start = steps["start_s"].to_numpy()
-    end = start + steps["duration_s"].to_numpy()
-    held, gen = steps["running"].to_numpy(), tokens_per_step(res)
-    gap = np.append(start[1:] > end[:-1], True)  # idle after this iteration (and after the last one)
-    t = np.concatenate([start, end[gap]])
-    h = np.concatenate([held, np.zeros(gap.sum(), held.dtype)])
-    g = np.concatenate([gen, np.zeros(gap.sum(), gen.dtype)])
-    order = np.argsort(t, kind="stable")
-    t, h, g = t[order], h[order], g[order]
-    change = np.ones(t.size, bool)
-    change[1:] = (h[1:] != h[:-1]) | (g[1:] != g[:-1])
-    change[-1] = True
-    wide = pd.DataFrame({"time_s": t[change], "slots held": h[change], "rows generating": g[change]})
-    long = wide.melt(id_vars="time_s", var_name="measure", value_name="rows")
-    return long.assign(policy=label or res.policy)
-
-
-def occupancy_panels_chart(df: pd.DataFrame, facet: str = "policy"):
-    """Slots held (line) and rows generating a token (area) over time, one panel per ``facet`` (notebook 03).
-
-    Parameters
-    ----------
-    df : DataFrame
-        :func:`occupancy_frame` of one or more runs, concatenated.
-    facet : str
-        Column splitting the panels.
-    """
-    x = alt.X("time_s:Q", title="time (s)")
-    color = alt.Color("measure:N", title=None, legend=alt.Legend(orient="top"),
-                      scale=alt.Scale(domain=["slots held", "rows generating"], range=["#CC79A7", "#0072B2"]))
-    area = alt.Chart().transform_filter("datum.measure == 'rows generating'").mark_area(
-        interpolate="step-after", opacity=0.45).encode(x=x, y=alt.Y("rows:Q", title="sequences"), color=color)
-    line = alt.Chart().transform_filter("datum.measure == 'slots held'").mark_line(
-        interpolate="step-after", strokeWidth=1.5).encode(x=x, y="rows:Q", color=color)
-    return alt.layer(area, line, data=df).properties(width=520, height=70).facet(
-        row=alt.Row(f"{facet}:N", title=None, sort=list(pd.unique(df[facet]))))
