@@ -31,19 +31,19 @@ def per_request(arrival_s, output_tokens, scheduled_s, first_token_s, finish_s) 
 def inter_token_gaps(token_times_s: np.ndarray, token_offsets: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """Every gap between consecutive tokens of the requests selected by ``mask`` (seconds, flat)."""
     gaps = np.diff(token_times_s)
-    # Drop the gap that straddles two requests: it starts at each request's first token index.
-    keep = np.ones(gaps.size + 1, dtype=bool)
-    keep[token_offsets[:-1]] = False
-    keep = keep[1:]
-    owner = np.repeat(np.arange(token_offsets.size - 1), np.diff(token_offsets))[1:]
-    return gaps[keep & mask[owner]]
+    # Drop the gap that straddles two requests (it ends at a request's first token) and the gaps of
+    # requests outside ``mask``: a token-level mask, shifted by one because gap i ends at token i + 1.
+    keep = np.repeat(mask, np.diff(token_offsets))
+    keep[token_offsets[:-1][np.diff(token_offsets) > 0]] = False
+    return gaps[keep[1:]]
 
 
 def _stats(name: str, values_s: np.ndarray) -> dict[str, float]:
     v = values_s[np.isfinite(values_s)] * 1e3
     out = {f"mean_{name}_ms": float(v.mean()) if v.size else 0.0}
-    for label, q in PERCENTILES:
-        out[f"{label}_{name}_ms"] = float(np.percentile(v, q)) if v.size else 0.0
+    qs = np.percentile(v, [q for _, q in PERCENTILES]) if v.size else np.zeros(len(PERCENTILES))
+    for (label, _), value in zip(PERCENTILES, qs):  # one partition of the data for every percentile
+        out[f"{label}_{name}_ms"] = float(value)
     return out
 
 

@@ -66,10 +66,13 @@ class SimResult:
     def requests(self) -> pd.DataFrame:
         (_, first, finish, sched, release, preempt, reject, pad, computed, recomputed, *_rest) = self._raw
         s = self.stream
-        lat = metrics.per_request(s.arrival_s, s.output_tokens, sched, first, finish)
         rejected = reject > 0
-        reasons = [_reject_reason(c, p, o, self.knobs) if c else ""
-                   for c, p, o in zip(reject, s.prompt_tokens, s.output_tokens)]
+        # A request rejected after preemption has a first token but no result: blank its times.
+        first, finish = np.where(rejected, np.nan, first), np.where(rejected, np.nan, finish)
+        lat = metrics.per_request(s.arrival_s, s.output_tokens, sched, first, finish)
+        reasons = np.full(len(s), "", dtype=object)
+        for i in np.flatnonzero(rejected):
+            reasons[i] = _reject_reason(reject[i], s.prompt_tokens[i], s.output_tokens[i], self.knobs)
         df = pd.DataFrame({
             "arrival_s": s.arrival_s, "prompt_tokens": s.prompt_tokens, "output_tokens": s.output_tokens,
             "scheduled_s": sched, "first_token_s": first, "finish_s": finish, "release_s": release,
@@ -77,8 +80,6 @@ class SimResult:
             "preemptions": preempt, "computed_tokens": computed, "recomputed_tokens": recomputed,
             "padded_tokens": pad, "rejected": rejected, "reject_reason": reasons,
         })
-        for col in ("first_token_s", "finish_s", "ttft_s", "tpot_s", "e2el_s"):
-            df.loc[rejected, col] = np.nan
         df.index.name = "request"
         return df
 
