@@ -327,17 +327,6 @@ def _run_iterations(arrival, prompt, output, live, tok_off, coef, chunked, max_n
                     w_head = (w_head - 1) % n
                     wait[w_head] = skipped[k]
                     w_len += 1
-            for k in range(hi):
-                c = run[k, _TOK]
-                p = run[k, _COMP]
-                cached += p
-                if _is_decode(run, k):
-                    attn_work += 2.0 * p
-                    decode_seqs += 1
-                else:
-                    attn_work += c * (2.0 * p + c)
-                    prefill_tokens += c
-            new_tokens = decode_seqs + prefill_tokens
         else:
             # Orca: whole prompts join, KV for prompt + output reserved up front; no preemption.
             first_new = n_running
@@ -356,50 +345,50 @@ def _run_iterations(arrival, prompt, output, live, tok_off, coef, chunked, max_n
                 n_running += 1
             lo = first_new if (prefill_only_steps and n_running > first_new) else 0
             hi = n_running
-            for k in range(lo, hi):
-                if k < first_new:
-                    run[k, _TOK] = 1
-                    p = run[k, _COMP]
-                    cached += p
-                    attn_work += 2.0 * p
-                    decode_seqs += 1
-                else:
-                    c = run[k, _TOK]
-                    attn_work += c * float(c)
-                    prefill_tokens += c
-            new_tokens = decode_seqs + prefill_tokens
         if hi == lo:
             # Only possible when every waiting request was just rejected; anything else is a bug.
             if finished == n_live or (n_running == 0 and w_len == 0):
                 continue
             return STATUS_STUCK, steps[:n_steps], sched[:n_sched]
-        dur, _g, _a, _c, flops, nbytes, bound = _step_cost(coef, new_tokens, attn_work, cached)
-        steps = _record_step(steps, n_steps, now, dur, prefill_tokens, decode_seqs, n_running,
-                             usable_blocks - free_blocks, bound, flops, nbytes)
         if record:
             for k in range(lo, hi):
                 sched = _record_sched(sched, n_sched, n_steps, run[k, _REQ], run[k, _TOK],
                                       KIND_DECODE if _is_decode(run, k) else KIND_PREFILL)
                 n_sched += 1
-        n_steps += 1
-        now += dur
-        # Emit: a request that has computed every token it knows samples the next one.
+        # One pass over the scheduled rows sums the iteration's aggregates for the cost model and emits:
+        # a request that has computed every token it knows samples the next one. Emissions are stamped
+        # with the step's index and turned into times after the loop, so the duration is not needed here.
         first_done = -1
         for k in range(lo, hi):
-            c1 = run[k, _COMP] + run[k, _TOK]
-            run[k, _COMP] = c1
-            if c1 == run[k, _PROMPT] + run[k, _EMIT]:
-                tok_times[run[k, _TOKPOS]] = now
+            c = run[k, _TOK]
+            p = run[k, _COMP]
+            known = run[k, _PROMPT] + run[k, _EMIT]
+            cached += p
+            if run[k, _EMIT] > 0 and p == known - 1:  # a decode
+                attn_work += 2.0 * p
+                decode_seqs += 1
+            else:
+                attn_work += c * (2.0 * p + c)
+                prefill_tokens += c
+            run[k, _COMP] = p + c
+            run[k, _TOK] = 1  # Orca: after its first iteration a row only decodes (chunked resets it anyway)
+            if p + c == known:
+                tok_times[run[k, _TOKPOS]] = n_steps
                 run[k, _TOKPOS] += 1
                 run[k, _EMIT] += 1
                 if run[k, _EMIT] == 1:
-                    out_first[run[k, _REQ]] = now
+                    out_first[run[k, _REQ]] = n_steps
                 if run[k, _EMIT] == run[k, _OUT]:
                     r = run[k, _REQ]
-                    out_finish[r] = now
-                    out_release[r] = now
+                    out_finish[r] = n_steps
                     if first_done < 0:
                         first_done = k
+        new_tokens = decode_seqs + prefill_tokens
+        dur, _g, _a, _c, flops, nbytes, bound = _step_cost(coef, new_tokens, attn_work, cached)
+        steps = _record_step(steps, n_steps, now, dur, prefill_tokens, decode_seqs, n_running,
+                             usable_blocks - free_blocks, bound, flops, nbytes)
+        n_steps += 1
+        now += dur
         if first_done >= 0:
             # Finished requests leave; the others keep their order.
             j = first_done
@@ -414,6 +403,17 @@ def _run_iterations(arrival, prompt, output, live, tok_off, coef, chunked, max_n
                             run[j, col] = run[i, col]
                     j += 1
             n_running = j
+    # Step indices to times: every emission happens at the end of its step.
+    ends = steps[:n_steps, 0] + steps[:n_steps, 1]
+    for i in range(tok_times.shape[0]):
+        if tok_times[i] == tok_times[i]:
+            tok_times[i] = ends[int(tok_times[i])]
+    for r in live:
+        if out_first[r] == out_first[r]:
+            out_first[r] = ends[int(out_first[r])]
+        if out_finish[r] == out_finish[r]:
+            out_finish[r] = ends[int(out_finish[r])]
+            out_release[r] = out_finish[r]
     # Token accounting: a completed request computed prompt + output - 1 positions once, plus what it lost.
     for r in live:
         if out_reject[r] == 0:
