@@ -14,6 +14,7 @@ import pytest
 
 import batchlab as bl
 from batchlab import experiments, viz, widgets
+from spec_helpers import axis_titles, marks, walk
 
 
 @pytest.fixture(scope="module")
@@ -41,27 +42,6 @@ def book_mode(monkeypatch):
 
 def spec_of(chart) -> dict:
     return chart.to_dict()  # validates against the Vega-Lite schema
-
-
-def walk(node, key):
-    """Every value stored under ``key`` anywhere in a spec."""
-    if isinstance(node, dict):
-        for k, v in node.items():
-            if k == key:
-                yield v
-            yield from walk(v, key)
-    elif isinstance(node, list):
-        for v in node:
-            yield from walk(v, key)
-
-
-def marks(spec) -> set[str]:
-    return {m if isinstance(m, str) else m["type"] for m in walk(spec, "mark")}
-
-
-def axis_titles(spec) -> list[str]:
-    return [enc[ch]["title"] for enc in walk(spec, "encoding") for ch in ("x", "y")
-            if ch in enc and isinstance(enc[ch], dict) and isinstance(enc[ch].get("title"), str)]
 
 
 def test_theme_and_renderer_are_enabled_on_import():

@@ -7,21 +7,7 @@ import pytest
 
 import batchlab as bl
 from batchlab import experiments, viz
-
-
-def walk(node, key):
-    if isinstance(node, dict):
-        for k, v in node.items():
-            if k == key:
-                yield v
-            yield from walk(v, key)
-    elif isinstance(node, list):
-        for v in node:
-            yield from walk(v, key)
-
-
-def marks(spec) -> set[str]:
-    return {m if isinstance(m, str) else m["type"] for m in walk(spec, "mark")}
+from spec_helpers import marks, walk
 
 
 @pytest.fixture(scope="module")

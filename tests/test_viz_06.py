@@ -5,23 +5,9 @@ import numpy as np
 import pytest
 
 from batchlab import experiments, viz
+from spec_helpers import marks, walk
 
 SMALL = dict(n_decoders=16, decoder_context=512, prompt_tokens=2000, decoder_prompt_tokens=32)
-
-
-def walk(node, key):
-    if isinstance(node, dict):
-        for k, v in node.items():
-            if k == key:
-                yield v
-            yield from walk(v, key)
-    elif isinstance(node, list):
-        for v in node:
-            yield from walk(v, key)
-
-
-def marks(spec) -> set[str]:
-    return {m if isinstance(m, str) else m["type"] for m in walk(spec, "mark")}
 
 
 @pytest.fixture(scope="module")

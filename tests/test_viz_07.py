@@ -7,26 +7,7 @@ import pytest
 
 import batchlab as bl
 from batchlab import experiments, viz
-
-
-def walk(node, key):
-    if isinstance(node, dict):
-        for k, v in node.items():
-            if k == key:
-                yield v
-            yield from walk(v, key)
-    elif isinstance(node, list):
-        for v in node:
-            yield from walk(v, key)
-
-
-def marks(spec) -> set[str]:
-    return {m if isinstance(m, str) else m["type"] for m in walk(spec, "mark")}
-
-
-def titles(spec) -> list[str]:
-    return [e[c]["title"] for e in walk(spec, "encoding") for c in ("x", "y")
-            if c in e and isinstance(e[c], dict) and isinstance(e[c].get("title"), str)]
+from spec_helpers import marks, titles, walk
 
 
 @pytest.fixture(scope="module")

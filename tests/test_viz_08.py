@@ -7,19 +7,9 @@ import pandas as pd
 import pytest
 
 from batchlab import viz
+from spec_helpers import walk
 
 DEFAULTS = {"max_num_seqs": 1024, "max_num_batched_tokens": 8192}
-
-
-def walk(node, key):
-    if isinstance(node, dict):
-        for k, v in node.items():
-            if k == key:
-                yield v
-            yield from walk(v, key)
-    elif isinstance(node, list):
-        for v in node:
-            yield from walk(v, key)
 
 
 @pytest.fixture

@@ -4,17 +4,7 @@ from __future__ import annotations
 import pandas as pd
 
 from batchlab import viz
-
-
-def walk(node, key):
-    if isinstance(node, dict):
-        for k, v in node.items():
-            if k == key:
-                yield v
-            yield from walk(v, key)
-    elif isinstance(node, list):
-        for v in node:
-            yield from walk(v, key)
+from spec_helpers import walk
 
 
 def test_tradeoff_chart_spec():
