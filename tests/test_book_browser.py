@@ -166,26 +166,39 @@ def test_page_is_offline_and_every_chart_draws(visit):
         v.charts().first.screenshot(path=str(SCREENSHOTS / f"{Path(page).name}.png"))
 
 
+def _redraws(v, page, control, change, shot: str):
+    """Apply ``change`` to a control bound to a chart and wait until that chart's svg differs."""
+    chart = control.locator("xpath=ancestor::div[starts-with(@id, 'batchlab-chart-')][1]")
+    chart_id = chart.get_attribute("id")
+    v.wait_drawn(chart_id)
+    before = chart.locator("svg").first.inner_html()
+    change(control)
+    v.page.wait_for_function(
+        "([id, old]) => { const s = document.querySelector('#' + id + ' svg'); return s && s.innerHTML !== old; }",
+        arg=[chart_id, before], timeout=10_000)
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    chart.screenshot(path=str(SCREENSHOTS / f"{Path(page).name}-{shot}.png"))
+
+
+def _move_slider(slider):
+    target = slider.get_attribute("max") if slider.input_value() != slider.get_attribute("max") \
+        else slider.get_attribute("min")
+    slider.evaluate("(el, value) => { el.value = value; el.dispatchEvent(new Event('input', {bubbles: true}));"
+                    " el.dispatchEvent(new Event('change', {bubbles: true})); }", target)
+
+
+def _pick_other_option(select):
+    options = select.locator("option").evaluate_all("opts => opts.map(o => o.value)")
+    select.select_option(next(o for o in options if o != select.input_value()))
+
+
 @pytest.mark.parametrize("visit", sorted(SLIDER_PAGES), indirect=True)
 def test_every_bound_slider_redraws_its_chart(visit):
     page, v = visit
     sliders = v.page.locator(f"{CHART} .vega-bindings input[type=range]")
     assert sliders.count() >= SLIDER_PAGES[page], f"{page}: expected {SLIDER_PAGES[page]} sliders"
     for i in range(sliders.count()):
-        slider = sliders.nth(i)
-        chart = slider.locator("xpath=ancestor::div[starts-with(@id, 'batchlab-chart-')][1]")
-        chart_id = chart.get_attribute("id")
-        v.wait_drawn(chart_id)
-        before = chart.locator("svg").first.inner_html()
-        target = slider.get_attribute("max") if slider.input_value() != slider.get_attribute("max") \
-            else slider.get_attribute("min")
-        slider.evaluate("(el, value) => { el.value = value; el.dispatchEvent(new Event('input', {bubbles: true}));"
-                        " el.dispatchEvent(new Event('change', {bubbles: true})); }", target)
-        v.page.wait_for_function(
-            "([id, old]) => { const s = document.querySelector('#' + id + ' svg'); return s && s.innerHTML !== old; }",
-            arg=[chart_id, before], timeout=10_000)
-        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-        chart.screenshot(path=str(SCREENSHOTS / f"{Path(page).name}-slider{i + 1}.png"))
+        _redraws(v, page, sliders.nth(i), _move_slider, f"slider{i + 1}")
     assert not v.errors, f"{page}: console errors {v.errors}"
 
 
@@ -202,18 +215,7 @@ def test_every_bound_select_redraws_its_chart(visit):
     selects = v.page.locator(f"{CHART} .vega-bindings select")
     assert selects.count() >= SELECT_PAGES[page], f"{page}: expected {SELECT_PAGES[page]} select boxes"
     for i in range(selects.count()):
-        select = selects.nth(i)
-        chart = select.locator("xpath=ancestor::div[starts-with(@id, 'batchlab-chart-')][1]")
-        chart_id = chart.get_attribute("id")
-        v.wait_drawn(chart_id)
-        before = chart.locator("svg").first.inner_html()
-        options = select.locator("option").evaluate_all("opts => opts.map(o => o.value)")
-        select.select_option(next(o for o in options if o != select.input_value()))
-        v.page.wait_for_function(
-            "([id, old]) => { const s = document.querySelector('#' + id + ' svg'); return s && s.innerHTML !== old; }",
-            arg=[chart_id, before], timeout=10_000)
-        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-        chart.screenshot(path=str(SCREENSHOTS / f"{Path(page).name}-select{i + 1}.png"))
+        _redraws(v, page, selects.nth(i), _pick_other_option, f"select{i + 1}")
     assert not v.errors, f"{page}: console errors {v.errors}"
 
 

@@ -11,11 +11,6 @@ from batchlab import experiments
 
 
 @pytest.fixture(scope="module")
-def h100():
-    return bl.get_hardware("h100-sxm")
-
-
-@pytest.fixture(scope="module")
 def small(h100):
     return bl.CostModel(h100, bl.get_model("llama-3-8b"))
 
