@@ -59,7 +59,7 @@ import pandas as pd
 from scipy.optimize import least_squares
 
 from ._data import DATA_DIR
-from .cost import CostModel
+from .cost import DEFAULT_EFFICIENCY, CostModel
 from .hardware import get_hardware
 from .models import ModelSpec, get_model
 
@@ -67,12 +67,19 @@ MEASURED_ENV = "BATCHLAB_MEASURED_DIR"
 HARDWARE = "h100-sxm"  # every measured set is an H100 SXM (the pairwise-NVLink network set is not used)
 
 # DESIGN section 3's starting values: the "before" of every error table.
-START = {"eta_compute": 0.6, "eta_memory": 0.8, "eta_attn": 0.5, "overhead_s": 1e-3, "allreduce_latency_s": 0.0}
+START = {"eta_compute": 0.6, "eta_memory": 0.8, "eta_attn": 0.5, "eta_elementwise": None, "overhead_s": 1e-3,
+         "allreduce_latency_s": 0.0}  # eta_elementwise None: DESIGN's formula has no elementwise term
+_ETA_X0 = 0.5  # where the fit starts an efficiency that has no starting value
 
 REFERENCE_MODEL = "llama-3-8b"  # overhead_s maps per-layer kernel floors onto this model's layers
 
 VIDUR_GEMM_OPS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")  # QKV and gate+up fused
 VIDUR_SMALL_OPS = ("input_layernorm", "attn_rope", "post_attention_layernorm", "mlp_act", "add")
+LLMSERVINGSIM_SMALL_OPS = ("input_layernorm", "post_layernorm", "rope", "act_fn")  # no separate residual add
+# LLMServingSim's eager kernels are fitted on prompts up to here and checked on longer ones. Below about 1,000
+# tokens eager attention's time is mostly its floor and jumps with the prompt's alignment to the kernel's tiles,
+# so a fit that stops at 1,024 pins the quadratic term poorly (notebook 10 shows what that does to the check).
+EAGER_FIT_MAX_TOKENS = 1536
 VIDUR_FIT_MODELS = ("Llama-2-7b-hf", "Llama-2-70b-hf")
 VIDUR_FIT_TP = (1, 2)
 # The max() roofline has a sharp corner where real GEMMs bend smoothly, so each efficiency is fitted where it
@@ -102,9 +109,25 @@ class KernelFloors(NamedTuple):
     gemm_fp8_s: float  # seconds per FP8 GEMM kernel (inference-sim's DeepGEMM benchmark)
     decode_attn_s: float  # seconds per decode-attention kernel (inference-sim's FlashInfer benchmark)
     prefill_attn_s: float  # seconds per prefill-attention kernel (inference-sim's FlashAttention-3 benchmark)
+    elementwise_s: float  # seconds per norm, RoPE, activation or add kernel (vidur's vLLM kernels)
+    eager_attn_s: float  # seconds per eager-PyTorch attention (LLMServingSim's profile)
+    eager_elementwise_s: float  # seconds per eager-PyTorch norm, RoPE or activation (LLMServingSim's profile)
 
 
-NO_FLOORS = KernelFloors(0.0, 0.0, 0.0, 0.0)
+NO_FLOORS = KernelFloors(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+
+
+class OwnKernels(NamedTuple):
+    """Efficiencies of kernels other than the BF16 ones vLLM runs, for the measured sets that time them.
+
+    Not CostModel defaults for BF16: FP8 GEMMs (the defaults when ``dtype="fp8"``) and eager PyTorch's
+    attention and elementwise kernels (LLMServingSim's profile; vLLM does not run them).
+    """
+
+    eta_compute_fp8: float  # fraction of FP8 peak FLOP/s in FP8 GEMMs
+    eta_memory_fp8: float  # fraction of HBM bandwidth in FP8 GEMMs
+    eager_eta_attn: float  # fraction of peak FLOP/s in eager attention (causal FLOPs counted)
+    eager_eta_elementwise: float  # fraction of HBM bandwidth in eager norms, RoPE and SiLU (least traffic counted)
 
 
 class Calibration(NamedTuple):
@@ -113,12 +136,11 @@ class Calibration(NamedTuple):
     eta_compute: float  # fraction of peak FLOP/s reached by GEMMs
     eta_memory: float  # fraction of HBM bandwidth reached streaming weights and KV
     eta_attn: float  # fraction of peak FLOP/s reached by prefill attention
+    eta_elementwise: float  # fraction of HBM bandwidth reached by the norms, RoPE, SiLU-and-mul and add
     overhead_s: float  # seconds per step: the kernel floors of one Llama-3-8B forward pass
     allreduce_latency_s: float  # seconds of fixed latency per all-reduce
-    eta_compute_fp8: float  # fraction of FP8 peak reached by FP8 GEMMs (pass it yourself for dtype="fp8")
-    eta_memory_fp8: float  # fraction of HBM bandwidth reached by FP8 GEMMs streaming 1-byte weights
+    own: OwnKernels  # FP8 GEMMs' and eager PyTorch's efficiencies
     floors: KernelFloors  # seconds per kernel, per harness
-    elementwise_layer_s: float  # seconds per layer of the small ops (norms, RoPE, SiLU, add) at one token
     errors: pd.DataFrame  # per set and split: median and worst relative error before and after
 
     def cost_model(self, hardware=None, model=None, dtype: str = "bf16", **changes) -> CostModel:
@@ -128,7 +150,7 @@ class Calibration(NamedTuple):
         """
         params = {k: getattr(self, k) for k in START}
         if dtype == "fp8":
-            params.update(eta_compute=self.eta_compute_fp8, eta_memory=self.eta_memory_fp8)
+            params.update(eta_compute=self.own.eta_compute_fp8, eta_memory=self.own.eta_memory_fp8)
         params.update(changes)
         return CostModel(hardware or get_hardware(HARDWARE), model or get_model(REFERENCE_MODEL), dtype=dtype, **params)
 
@@ -155,11 +177,12 @@ def measured_dir(path=None) -> Path:
 
 # -- operator work, counted by the CostModel's own constants ----------------------------------------
 
-def _work(cost: CostModel, gemm_tokens=0.0, attn_work=0.0, kv_tokens=0.0) -> dict:
-    """FLOPs and bytes of the GEMM and attention terms of ``sim._step_cost`` for one operator, per GPU.
+def _work(cost: CostModel, gemm_tokens=0.0, attn_work=0.0, kv_tokens=0.0, elementwise_tokens=0.0) -> dict:
+    """FLOPs and bytes of the GEMM, attention and elementwise terms of ``sim._step_cost`` for one operator, per GPU.
 
     ``gemm_tokens`` rows through the weights (weights are read once if any), ``attn_work`` = sum c(2p + c) +
-    2 sum l as in ``_step_cost``, ``kv_tokens`` = cached + new tokens whose KV is read or written.
+    2 sum l as in ``_step_cost``, ``kv_tokens`` = cached + new tokens whose KV is read or written,
+    ``elementwise_tokens`` = tokens through the norms, RoPE and SiLU-and-mul.
     """
     coef = cost.coefficients()
     gemm_tokens = np.asarray(gemm_tokens, dtype=np.float64)
@@ -168,6 +191,7 @@ def _work(cost: CostModel, gemm_tokens=0.0, attn_work=0.0, kv_tokens=0.0) -> dic
         "gemm_bytes": np.where(gemm_tokens > 0, coef[1], 0.0),
         "attn_flops": coef[2] * np.asarray(attn_work, dtype=np.float64),
         "attn_bytes": coef[3] * np.asarray(kv_tokens, dtype=np.float64),
+        "elem_bytes": cost.elementwise_bytes_per_token * np.asarray(elementwise_tokens, dtype=np.float64),
         "peak_flops": cost.peak_flops,
         "hbm_bytes_per_s": cost.hardware.hbm_bytes_per_s,
     }
@@ -182,13 +206,18 @@ def _ideal(model: ModelSpec, dtype="bf16", tp=1) -> CostModel:
     return CostModel(get_hardware(HARDWARE), model, dtype=dtype, tp=int(tp)).ideal()
 
 
-def _predict(cases: pd.DataFrame, eta_c, eta_m, eta_a, floors: KernelFloors) -> np.ndarray:
-    """Seconds per case: kernel floors plus the GEMM and attention rooflines of ``sim._step_cost``."""
+def _predict(cases: pd.DataFrame, etas: dict, floors: KernelFloors) -> np.ndarray:
+    """Seconds per case: kernel floors plus the GEMM, attention and elementwise terms of ``sim._step_cost``.
+
+    ``etas`` holds eta_compute, eta_memory, eta_attn and eta_elementwise (None: no elementwise term).
+    """
+    eta_c, eta_m, eta_a, eta_e = (etas[k] for k in ("eta_compute", "eta_memory", "eta_attn", "eta_elementwise"))
     peak, bw = cases["peak_flops"].to_numpy(), cases["hbm_bytes_per_s"].to_numpy()
     gemm = np.maximum(cases["gemm_flops"].to_numpy() / (eta_c * peak), cases["gemm_bytes"].to_numpy() / (eta_m * bw))
     attn = np.maximum(cases["attn_flops"].to_numpy() / (eta_a * peak), cases["attn_bytes"].to_numpy() / (eta_m * bw))
+    elem = 0.0 if eta_e is None else cases["elem_bytes"].to_numpy() / (eta_e * bw)
     floor = cases["floor_kind"].map(floors._asdict()).fillna(0.0).to_numpy()
-    return gemm + attn + cases["n_kernels"].to_numpy() * floor
+    return gemm + attn + elem + cases["n_kernels"].to_numpy() * floor
 
 
 # -- the measured sets, as cases (descriptors, work, measured seconds) --------------------------------
@@ -213,8 +242,6 @@ def _vidur_cases(root: str) -> pd.DataFrame:
             cost = _ideal(_spec(name, params, d, heads, kv_heads, head_dim, d_ff, vocab), tp=tp)
             tokens = g["num_tokens"].to_numpy(dtype=np.float64)
             measured = sum(g[f"time_stats.{op}.median"].to_numpy() for op in VIDUR_GEMM_OPS) * 1e-3
-            small = sum(g[f"time_stats.{op}.median"].to_numpy() for op in VIDUR_SMALL_OPS
-                        if f"time_stats.{op}.median" in g) * 1e-3
             if name not in VIDUR_FIT_MODELS:
                 split = np.full(len(g), "holdout_model")
             elif tp not in VIDUR_FIT_TP:
@@ -223,8 +250,38 @@ def _vidur_cases(root: str) -> pd.DataFrame:
                 split = np.where(_bound(tokens, "bf16"), "fit", "ridge")
             frames.append(pd.DataFrame({
                 "set": "vidur_gemm", "split": split,
-                "model": name, "tp": int(tp), "tokens": tokens, "measured_s": measured, "elementwise_s": small,
+                "model": name, "tp": int(tp), "tokens": tokens, "measured_s": measured,
                 "n_kernels": len(VIDUR_GEMM_OPS), "floor_kind": "gemm_s", **_work(cost, gemm_tokens=tokens),
+            }))
+    return pd.concat(frames, ignore_index=True)
+
+
+@lru_cache(maxsize=4)
+def _vidur_elementwise_cases(root: str) -> pd.DataFrame:
+    """vidur: one layer's norms, RoPE, SiLU-and-mul and residual add (5 kernels) vs tokens and TP.
+
+    The activation bytes are the CostModel's least traffic for that shape (``elementwise_bytes_per_token``).
+    Only models of Llama's layout (two RMSNorms, gated MLP, full RoPE): phi-2, with one LayerNorm, a GELU MLP
+    and partial RoPE, is left out.
+    """
+    frames = []
+    for path in sorted(Path(root, "vidur_h100").glob("*/*/mlp.csv")):
+        raw = pd.read_csv(path)
+        name = path.parent.name
+        columns = [f"time_stats.{op}.median" for op in VIDUR_SMALL_OPS]
+        if not set(columns) <= set(raw.columns) or not raw["use_gated_mlp"].all():
+            continue
+        for key, g in raw.groupby(["n_embd", "n_head", "n_kv_head", "n_expanded_embd", "num_tensor_parallel_workers"]):
+            d, heads, kv_heads, d_ff, tp = key
+            cost = _ideal(_spec(name, 0, d, heads, kv_heads, d // heads, d_ff), tp=tp)
+            tokens = g["num_tokens"].to_numpy(dtype=np.float64)
+            split = ("holdout_model" if name not in VIDUR_FIT_MODELS else
+                     "holdout_tp" if tp not in VIDUR_FIT_TP else "fit")
+            frames.append(pd.DataFrame({
+                "set": "vidur_elementwise", "split": split, "model": name, "tp": int(tp), "tokens": tokens,
+                "measured_s": sum(g[c].to_numpy() for c in columns) * 1e-3,
+                "n_kernels": len(VIDUR_SMALL_OPS), "floor_kind": "elementwise_s",
+                **_work(cost, elementwise_tokens=tokens),
             }))
     return pd.concat(frames, ignore_index=True)
 
@@ -241,7 +298,7 @@ def _gemm_kernel_cases(root: str) -> pd.DataFrame:
             "set": "gemm_kernels_fp8", "split": np.where(n != GEMM_FIT_N, "holdout_shape",
                                                          np.where(_bound(m, "fp8"), "fit", "ridge")),
             "m": m, "k": int(k), "n": int(n), "measured_s": g["latency_us"].to_numpy() * 1e-6,
-            "n_kernels": 1, "floor_kind": "gemm_fp8_s", **_work(cost, gemm_tokens=m),
+            "n_kernels": 1, "floor_kind": "gemm_fp8_s", "kernels": "fp8", **_work(cost, gemm_tokens=m),
         }))
     return pd.concat(frames, ignore_index=True)
 
@@ -318,11 +375,18 @@ def _llmservingsim_op_cases(root: str) -> pd.DataFrame:
             **_work(cost, gemm_tokens=tokens),
         }))
     m = get_model(REFERENCE_MODEL)  # Llama-3.1-8B has Llama-3-8B's shapes
-    cost = _ideal(_spec("attn", 0, m.attn_dim, m.heads, m.kv_heads, m.head_dim))
+    layer = _ideal(_spec("layer", 0, m.d_model, m.heads, m.kv_heads, m.head_dim, m.d_ff))
+    split = np.where(tokens <= EAGER_FIT_MAX_TOKENS, "fit", "holdout_tokens")
     frames.append(pd.DataFrame({
-        "set": "llmservingsim_attn", "split": "holdout_source", "op": "attn", "tokens": tokens,
-        "measured_s": table["attn"].to_numpy(), "n_kernels": 1, "floor_kind": "prefill_attn_s",
-        **_work(cost, attn_work=tokens * tokens, kv_tokens=tokens),
+        "set": "llmservingsim_attn", "split": split, "op": "attn", "tokens": tokens,
+        "measured_s": table["attn"].to_numpy(), "n_kernels": 1, "floor_kind": "eager_attn_s", "kernels": "eager",
+        **_work(layer, attn_work=tokens * tokens, kv_tokens=tokens),
+    }))
+    frames.append(pd.DataFrame({
+        "set": "llmservingsim_elementwise", "split": split, "op": "norms+rope+act", "tokens": tokens,
+        "measured_s": table[list(LLMSERVINGSIM_SMALL_OPS)].sum(axis=1).to_numpy(),
+        "n_kernels": len(LLMSERVINGSIM_SMALL_OPS), "floor_kind": "eager_elementwise_s", "kernels": "eager",
+        **_work(layer, elementwise_tokens=tokens),
     }))
     return pd.concat(frames, ignore_index=True)
 
@@ -366,17 +430,51 @@ def _allreduce_predict(cases: pd.DataFrame, cost: CostModel) -> np.ndarray:
 
 # -- public loaders: tidy frames of measured vs predicted -------------------------------------------
 
+# Sets timed with kernels other than vLLM's BF16 ones are predicted twice: with their own efficiencies (the
+# set itself) and with the CostModel's BF16 ones (a diagnostic set under this name, which shows the gap).
+DIAGNOSTIC_SETS = {"gemm_kernels_fp8": "gemm_kernels_fp8_bf16_eta",
+                   "llmservingsim_attn": "llmservingsim_attn_vllm_eta",
+                   "llmservingsim_elementwise": "llmservingsim_elementwise_vllm_eta"}
+_VLLM_FLOOR = {"eager_attn_s": "prefill_attn_s", "eager_elementwise_s": "elementwise_s"}
+
+
 def _check_hardware(cost: CostModel):
     if cost.hardware.name != HARDWARE:
         raise ValueError(f"the measured sets are {HARDWARE}; got a CostModel for {cost.hardware.name!r}")
 
 
-def _with_prediction(cases: pd.DataFrame, cost: CostModel, floors: KernelFloors) -> pd.DataFrame:
+def _etas(cost: CostModel, kernels: str, own: OwnKernels | None) -> dict:
+    """The efficiencies that predict a case timed with ``kernels`` ("vllm", "fp8" or "eager")."""
+    etas = {k: getattr(cost, k) for k in ("eta_compute", "eta_memory", "eta_attn", "eta_elementwise")}
+    if own is not None and kernels == "fp8":
+        etas.update(eta_compute=own.eta_compute_fp8, eta_memory=own.eta_memory_fp8)
+    if own is not None and kernels == "eager":
+        etas.update(eta_attn=own.eager_eta_attn, eta_elementwise=own.eager_eta_elementwise)
+    return etas
+
+
+def _with_prediction(cases: pd.DataFrame, cost: CostModel, floors: KernelFloors,
+                     own: OwnKernels | None = None) -> pd.DataFrame:
+    """``cases`` with ``predicted_s``; each case with its own kernels' efficiencies when ``own`` is given.
+
+    Sets in :data:`DIAGNOSTIC_SETS` come back a second time under their diagnostic name, predicted with
+    ``cost``'s BF16 efficiencies and vLLM's kernel floors.
+    """
     _check_hardware(cost)
     out = cases.copy()
-    out["predicted_s"] = _predict(cases, cost.eta_compute, cost.eta_memory, cost.eta_attn, floors)
-    return out.drop(columns=["gemm_flops", "gemm_bytes", "attn_flops", "attn_bytes", "peak_flops",
-                             "hbm_bytes_per_s", "n_kernels", "floor_kind"])
+    if "kernels" not in out:
+        out["kernels"] = "vllm"
+    out["kernels"] = out["kernels"].fillna("vllm")
+    diag = out[out["set"].isin(list(DIAGNOSTIC_SETS))].copy()
+    diag["set"] = diag["set"].map(DIAGNOSTIC_SETS)
+    diag["floor_kind"] = diag["floor_kind"].replace(_VLLM_FLOOR)
+    diag["kernels"] = "vllm"
+    out = pd.concat([out, diag], ignore_index=True)
+    out["predicted_s"] = np.nan
+    for kernels, rows in out.groupby("kernels").groups.items():
+        out.loc[rows, "predicted_s"] = _predict(out.loc[rows], _etas(cost, kernels, own), floors)
+    return out.drop(columns=["gemm_flops", "gemm_bytes", "attn_flops", "attn_bytes", "elem_bytes", "peak_flops",
+                             "hbm_bytes_per_s", "n_kernels", "floor_kind", "kernels"])
 
 
 def load_vidur_gemm(cost: CostModel, root=None, floors: KernelFloors = NO_FLOORS) -> pd.DataFrame:
@@ -384,14 +482,27 @@ def load_vidur_gemm(cost: CostModel, root=None, floors: KernelFloors = NO_FLOORS
 
     ``cost`` supplies the efficiencies (its model and TP are replaced by each case's); ``floors`` adds the
     fixed time per kernel (zero by default: the CostModel alone). Columns: set, split, model, tp, tokens,
-    measured_s, elementwise_s (the layer's norms, RoPE, SiLU and add, not modelled), predicted_s.
+    measured_s, predicted_s.
     """
     return _with_prediction(_vidur_cases(str(measured_dir(root))), cost, floors)
 
 
-def load_gemm_kernels(cost: CostModel, root=None, floors: KernelFloors = NO_FLOORS) -> pd.DataFrame:
-    """FP8 GEMM kernel latency vs m, k, n (weights 1 byte, FP8 peak), with predictions. Seconds."""
-    return _with_prediction(_gemm_kernel_cases(str(measured_dir(root))), cost, floors)
+def load_vidur_elementwise(cost: CostModel, root=None, floors: KernelFloors = NO_FLOORS) -> pd.DataFrame:
+    """vidur's per-layer norms, RoPE, SiLU-and-mul and add (5 kernels) vs ``tokens`` and ``tp``, five models.
+
+    Predicted with ``cost.eta_elementwise`` (``None``, DESIGN's formula, predicts only the floors).
+    """
+    return _with_prediction(_vidur_elementwise_cases(str(measured_dir(root))), cost, floors)
+
+
+def load_gemm_kernels(cost: CostModel, root=None, floors: KernelFloors = NO_FLOORS,
+                      own: OwnKernels | None = None) -> pd.DataFrame:
+    """FP8 GEMM kernel latency vs m, k, n (weights 1 byte, FP8 peak), with predictions. Seconds.
+
+    Set ``gemm_kernels_fp8`` uses ``own``'s FP8 efficiencies (``cost``'s when ``own`` is None), set
+    ``gemm_kernels_fp8_bf16_eta`` always ``cost``'s.
+    """
+    return _with_prediction(_gemm_kernel_cases(str(measured_dir(root))), cost, floors, own)
 
 
 def load_decode_attention(cost: CostModel, root=None, floors: KernelFloors = NO_FLOORS) -> pd.DataFrame:
@@ -404,16 +515,20 @@ def load_prefill_attention(cost: CostModel, root=None, floors: KernelFloors = NO
     return _with_prediction(_prefill_cases(str(measured_dir(root))), cost, floors)
 
 
-def load_llmservingsim(cost: CostModel, root=None, floors: KernelFloors = NO_FLOORS) -> pd.DataFrame:
-    """LLMServingSim's Llama-3.1-8B profile (eager PyTorch, TP 1, no cached tokens), three ways. Seconds.
+def load_llmservingsim(cost: CostModel, root=None, floors: KernelFloors = NO_FLOORS,
+                       own: OwnKernels | None = None) -> pd.DataFrame:
+    """LLMServingSim's Llama-3.1-8B profile (eager PyTorch, TP 1, no cached tokens), per operator and whole. Seconds.
 
-    ``llmservingsim_gemm``: each GEMM (q, k, v, o, gate, up, down, LM head) per operator; ``llmservingsim_attn``:
-    the attention of one layer; ``llmservingsim_step``: the whole forward pass (embedding, 32 layers of every
-    op, final norm, LM head over all tokens) against ``CostModel.prefill_time`` for Llama-3-8B with ``cost``'s
-    efficiencies and overheads, i.e. exactly what the simulator would charge for that step.
+    ``llmservingsim_gemm``: each GEMM (q, k, v, o, gate, up, down, LM head) per operator, with ``cost``'s
+    efficiencies (the same cuBLAS kernels vLLM runs). ``llmservingsim_attn`` and ``llmservingsim_elementwise``:
+    one layer's attention, and its two RMSNorms, RoPE and SiLU, with eager PyTorch's own efficiencies from
+    ``own`` (``cost``'s when None), and again with ``cost``'s under the names of :data:`DIAGNOSTIC_SETS`.
+    ``llmservingsim_step``: the whole forward pass (embedding, 32 layers of every op, final norm, LM head over
+    all tokens) against ``CostModel.prefill_time`` of Llama-3-8B with ``cost``'s efficiencies and overheads,
+    i.e. exactly what the simulator charges for that step, eager kernels or not.
     """
     root = str(measured_dir(root))
-    ops = _with_prediction(_llmservingsim_op_cases(root), cost, floors)
+    ops = _with_prediction(_llmservingsim_op_cases(root), cost, floors, own)
     forward = _llmservingsim_forward_s(root)
     step_cost = cost.replace(model=get_model(REFERENCE_MODEL), dtype="bf16", kv_dtype="bf16", tp=1)
     step = pd.DataFrame({
@@ -430,11 +545,16 @@ def load_allreduce(cost: CostModel, root=None) -> pd.DataFrame:
     return cases.assign(predicted_s=_allreduce_predict(cases, cost))
 
 
-def load_all(cost: CostModel, root=None, floors: KernelFloors = NO_FLOORS) -> pd.DataFrame:
-    """Every measured set, one tidy frame: set, split, case descriptors, measured_s, predicted_s."""
-    parts = [load_vidur_gemm(cost, root, floors), load_gemm_kernels(cost, root, floors),
-             load_decode_attention(cost, root, floors), load_prefill_attention(cost, root, floors),
-             load_llmservingsim(cost, root, floors), load_allreduce(cost, root)]
+def load_all(cost: CostModel, root=None, floors: KernelFloors = NO_FLOORS, own: OwnKernels | None = None) -> pd.DataFrame:
+    """Every measured set, one tidy frame: set, split, case descriptors, measured_s, predicted_s.
+
+    ``own`` gives the efficiencies of the kernels that are not vLLM's BF16 ones (FP8 GEMMs, eager PyTorch);
+    without it ``cost``'s apply everywhere, as for DESIGN's starting values.
+    """
+    parts = [load_vidur_gemm(cost, root, floors), load_vidur_elementwise(cost, root, floors),
+             load_gemm_kernels(cost, root, floors, own), load_decode_attention(cost, root, floors),
+             load_prefill_attention(cost, root, floors), load_llmservingsim(cost, root, floors, own),
+             load_allreduce(cost, root)]
     return pd.concat(parts, ignore_index=True)
 
 
@@ -443,7 +563,8 @@ def load_all(cost: CostModel, root=None, floors: KernelFloors = NO_FLOORS) -> pd
 def relative_errors(frame: pd.DataFrame) -> pd.DataFrame:
     """Per set and per split (then the whole set, split ``all``): cases, median and worst |predicted / measured - 1|.
 
-    The acceptance target (median at most 15 %) is per set, on the ``all`` rows.
+    The acceptance target (median at most 15 %) is per set, on the ``all`` rows; the sets named in
+    :data:`DIAGNOSTIC_SETS`'s values are diagnostics, not targets.
     """
     rel = (frame["predicted_s"] / frame["measured_s"] - 1.0).abs()
     rows = []
@@ -456,17 +577,14 @@ def relative_errors(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def evaluate(cost: CostModel, root=None, floors: KernelFloors = NO_FLOORS) -> pd.DataFrame:
+def evaluate(cost: CostModel, root=None, floors: KernelFloors = NO_FLOORS, own: OwnKernels | None = None) -> pd.DataFrame:
     """Median and worst relative error of ``cost`` on every measured set (and split: fit or held out).
 
-    ``floors`` are the per-kernel times the CostModel does not have; pass ``Calibration.floors`` to evaluate
-    the per-operator sets the way they were fitted. The ``llmservingsim_step`` set uses ``cost`` alone. The FP8
-    GEMM kernels count as one held-out split here: ``cost``'s efficiencies apply to every dtype and the
-    calibrated ones are BF16's (:func:`fit` reports the FP8 kernels with their own efficiencies as well).
+    ``floors`` are the per-kernel times the CostModel does not have and ``own`` the efficiencies of FP8 and
+    eager kernels; pass ``Calibration.floors`` and ``Calibration.own`` to evaluate the per-operator sets the
+    way they were fitted. The ``llmservingsim_step`` set uses ``cost`` alone.
     """
-    frame = load_all(cost, root, floors)
-    frame.loc[frame["set"] == "gemm_kernels_fp8", "split"] = "holdout_dtype"
-    return relative_errors(frame)
+    return relative_errors(load_all(cost, root, floors, own))
 
 
 # -- the fit -----------------------------------------------------------------------------------------
@@ -481,28 +599,27 @@ def _soft_l1(r, scale=ROBUST_SCALE):
     return np.sign(r) * scale * np.sqrt(2.0 * (np.sqrt(1.0 + (r / scale) ** 2) - 1.0))
 
 
-def _fit_kernels(cases: pd.DataFrame, free: tuple[str, ...], floor_kinds: tuple[str, ...]):
+def _fit_kernels(cases: pd.DataFrame, free: tuple[str, ...], floor_kinds: tuple[str, ...], fixed: dict = START):
     """Least squares on log(predicted / measured) over ``cases``, every set weighted equally.
 
-    ``free`` names the efficiencies fitted (others stay at DESIGN's starting values, unused by these cases);
-    ``floor_kinds`` the kernel floors fitted (others zero). Returns ({efficiency: value}, KernelFloors).
+    ``free`` names the efficiencies fitted (the others keep their value in ``fixed``); ``floor_kinds`` the
+    kernel floors fitted (others zero). Returns ({efficiency: value}, KernelFloors).
     """
     measured = cases["measured_s"].to_numpy()
     weight = 1.0 / np.sqrt(cases.groupby("set")["set"].transform("size").to_numpy())
     n_eta = len(free)
 
     def unpack(x):
-        etas = dict(START, **dict(zip(free, x[:n_eta])))
+        etas = dict(fixed, **dict(zip(free, x[:n_eta])))
         floors = NO_FLOORS._replace(**{k: v * _US for k, v in zip(floor_kinds, x[n_eta:])})
         return etas, floors
 
     def residuals(x):
         etas, floors = unpack(x)
-        pred = _predict(cases, etas["eta_compute"], etas["eta_memory"], etas["eta_attn"], floors)
-        return weight * _soft_l1(np.log(pred / measured))
+        return weight * _soft_l1(np.log(_predict(cases, etas, floors) / measured))
 
-    x0 = [START[k] for k in free] + [1.0] * len(floor_kinds)
-    bounds = ([0.05] * n_eta + [0.0] * len(floor_kinds), [1.0] * n_eta + [_FLOOR_UPPER_US] * len(floor_kinds))
+    x0 = [_ETA_X0 if fixed.get(k) is None else fixed[k] for k in free] + [1.0] * len(floor_kinds)
+    bounds = ([0.02] * n_eta + [0.0] * len(floor_kinds), [1.0] * n_eta + [_FLOOR_UPPER_US] * len(floor_kinds))
     res = least_squares(residuals, x0, bounds=bounds, method="trf")
     if not res.success:
         raise RuntimeError(f"calibration fit did not converge: {res.message}")
@@ -527,47 +644,63 @@ def _error_table(before: pd.DataFrame, after: pd.DataFrame) -> pd.DataFrame:
     return merged[list(ERROR_COLUMNS)]
 
 
+def _fit_split(cases: pd.DataFrame) -> pd.DataFrame:
+    return cases[cases["split"] == "fit"]
+
+
+def fit_eager(root=None, max_tokens: int = EAGER_FIT_MAX_TOKENS, fixed: dict | None = None):
+    """Eager PyTorch's attention and elementwise efficiencies and floors, from LLMServingSim's profile.
+
+    Fitted on prompts of at most ``max_tokens`` tokens; ``fixed`` holds the other efficiencies (the
+    CostModel's defaults when None). Returns ({"eta_attn": ..., "eta_elementwise": ...}, KernelFloors with
+    only the two eager floors set).
+    """
+    cases = _llmservingsim_op_cases(str(measured_dir(root)))
+    cases = cases[(cases["kernels"] == "eager") & (cases["tokens"] <= max_tokens)]
+    if fixed is None:
+        fixed = {k: DEFAULT_EFFICIENCY[k] for k in ("eta_compute", "eta_memory", "eta_attn", "eta_elementwise")}
+    return _fit_kernels(cases, ("eta_attn", "eta_elementwise"), ("eager_attn_s", "eager_elementwise_s"), fixed)
+
+
 def fit(root=None) -> Calibration:
     """Fit efficiencies, kernel floors, the per-step overhead and the all-reduce latency to the measured sets.
 
     The training split of each set is described in the module docstring. ``overhead_s`` is not a free
-    parameter: it is what the fitted per-kernel floors and the measured small ops add to one step of the
-    reference model, 32 layers x (4 GEMM floors + 1 decode-attention floor + the norms, RoPE, SiLU and add of
-    a layer at one token, median over vidur's training models and TP degrees).
+    parameter: it is what the fitted per-kernel floors add to one step of the reference model, 32 layers x
+    (4 GEMM floors + 1 decode-attention floor + 5 elementwise floors).
 
-    The FP8 GEMM benchmark gets its own ``eta_compute_fp8`` and ``eta_memory_fp8`` (the CostModel's defaults
-    when ``dtype="fp8"``), checked on a held-out shape; the BF16 values are also checked against it as a
-    held-out dtype (set ``gemm_kernels_fp8``), which shows why FP8 needs its own pair.
+    FP8 GEMMs and eager PyTorch's attention and elementwise kernels get their own efficiencies
+    (:class:`OwnKernels`): FP8's are the CostModel's defaults when ``dtype="fp8"``; eager PyTorch's are not
+    CostModel defaults (vLLM runs neither kernel) and describe LLMServingSim's profile, fitted on prompts up to
+    1,536 tokens and checked on longer ones. The diagnostic sets show each of them under the BF16 defaults.
     """
     root = str(measured_dir(root))
-    cases = pd.concat([_vidur_cases(root), _decode_cases(root), _prefill_cases(root)], ignore_index=True)
-    etas, floors = _fit_kernels(cases[cases["split"] == "fit"], ("eta_compute", "eta_memory", "eta_attn"),
-                                ("gemm_s", "decode_attn_s", "prefill_attn_s"))
-    fp8 = _gemm_kernel_cases(root)
-    fp8_etas, fp8_floors = _fit_kernels(fp8[fp8["split"] == "fit"], ("eta_compute", "eta_memory"), ("gemm_fp8_s",))
-    floors = floors._replace(gemm_fp8_s=fp8_floors.gemm_fp8_s)
+    vllm = pd.concat([_vidur_cases(root), _decode_cases(root), _prefill_cases(root), _vidur_elementwise_cases(root)],
+                     ignore_index=True)
+    etas, floors = _fit_kernels(_fit_split(vllm), ("eta_compute", "eta_memory", "eta_attn", "eta_elementwise"),
+                                ("gemm_s", "decode_attn_s", "prefill_attn_s", "elementwise_s"))
+    fitted = dict(START, **etas)
+    fp8_etas, fp8_floors = _fit_kernels(_fit_split(_gemm_kernel_cases(root)), ("eta_compute", "eta_memory"),
+                                        ("gemm_fp8_s",), fitted)
+    eager_etas, eager_floors = fit_eager(root, fixed=fitted)
+    floors = floors._replace(gemm_fp8_s=fp8_floors.gemm_fp8_s, eager_attn_s=eager_floors.eager_attn_s,
+                             eager_elementwise_s=eager_floors.eager_elementwise_s)
+    own = OwnKernels(fp8_etas["eta_compute"], fp8_etas["eta_memory"], eager_etas["eta_attn"],
+                     eager_etas["eta_elementwise"])
 
-    vidur = _vidur_cases(root)
-    first = vidur[(vidur["split"] == "fit") & (vidur["tokens"] == vidur["tokens"].min())]
-    elementwise_layer_s = float(first["elementwise_s"].median())
     layers = get_model(REFERENCE_MODEL).layers
-    overhead_s = layers * (len(VIDUR_GEMM_OPS) * floors.gemm_s + floors.decode_attn_s + elementwise_layer_s)
+    overhead_s = layers * (len(VIDUR_GEMM_OPS) * floors.gemm_s + floors.decode_attn_s
+                           + len(VIDUR_SMALL_OPS) * floors.elementwise_s)
 
     hw, model = get_hardware(HARDWARE), get_model(REFERENCE_MODEL)
     after = CostModel(hw, model, overhead_s=overhead_s, **etas)
     ar = _allreduce_cases(root)
-    after = after.replace(allreduce_latency_s=_fit_allreduce(ar[ar["split"] == "fit"], after))
+    after = after.replace(allreduce_latency_s=_fit_allreduce(_fit_split(ar), after))
     before = CostModel(hw, model, **START)
 
-    errors = _error_table(evaluate(before, root, NO_FLOORS), evaluate(after, root, floors))
-    # The FP8 kernels again with their own efficiencies: fit on n = 6144, checked on n = 11008.
-    after_fp8 = after.replace(eta_compute=fp8_etas["eta_compute"], eta_memory=fp8_etas["eta_memory"])
-    own = [relative_errors(load_gemm_kernels(c, root, f).assign(set="gemm_kernels_fp8_own_eta"))
-           for c, f in ((before, NO_FLOORS), (after_fp8, floors))]
-    errors = pd.concat([errors, _error_table(*own)], ignore_index=True)
-    return Calibration(after.eta_compute, after.eta_memory, after.eta_attn, after.overhead_s,
-                       after.allreduce_latency_s, fp8_etas["eta_compute"], fp8_etas["eta_memory"], floors,
-                       elementwise_layer_s, errors)
+    errors = _error_table(evaluate(before, root), evaluate(after, root, floors, own))
+    return Calibration(after.eta_compute, after.eta_memory, after.eta_attn, after.eta_elementwise, after.overhead_s,
+                       after.allreduce_latency_s, own, floors, errors)
 
 
 # -- files -------------------------------------------------------------------------------------------
@@ -576,15 +709,20 @@ FIT_NOTES = {
     "eta_compute": "vidur_h100 Llama-2-7B/70B per-layer BF16 GEMMs at TP 1-2, >= 1024 tokens",
     "eta_memory": "same vidur GEMMs at <= 64 tokens (weight streaming) + h100_kernels decode attention at TP 1 (KV reads)",
     "eta_attn": "h100_kernels prefill attention, geometries 32-8-128, 64-8-128, 40-40-128",
-    "overhead_s": "derived: 32 layers (Llama-3-8B) x (4 x kernel_floor_gemm_s + kernel_floor_decode_attn_s + elementwise_layer_s)",
+    "eta_elementwise": "vidur_h100 Llama-2-7B/70B per-layer norms, RoPE, SiLU-and-mul and add at TP 1-2",
+    "overhead_s": "derived: 32 layers (Llama-3-8B) x (4 x kernel_floor_gemm_s + kernel_floor_decode_attn_s + 5 x kernel_floor_elementwise_s)",
     "allreduce_latency_s": "vidur_h100 network/h100_dgx all_reduce, 2 and 8 GPUs, bandwidth term at the preset's 450 GB/s",
     "eta_compute_fp8": "h100_kernels FP8 GEMMs with n=6144, m >= 4096 (the CostModel default when dtype='fp8')",
     "eta_memory_fp8": "h100_kernels FP8 GEMMs with n=6144, m <= 64 (the CostModel default when dtype='fp8')",
+    "eager_eta_attn": "llmservingsim_h100 Llama-3.1-8B eager attention, <= 1024 tokens (eager PyTorch only; not a CostModel default)",
+    "eager_eta_elementwise": "llmservingsim_h100 Llama-3.1-8B eager norms, RoPE and SiLU, <= 1024 tokens (eager PyTorch only; not a CostModel default)",
     "kernel_floor_gemm_s": "vidur_h100 per-layer GEMMs, fitted with eta_memory (per kernel; not a CostModel field)",
     "kernel_floor_gemm_fp8_s": "h100_kernels FP8 GEMMs (per kernel; not a CostModel field)",
     "kernel_floor_decode_attn_s": "h100_kernels decode attention at TP 1 (per kernel; not a CostModel field)",
     "kernel_floor_prefill_attn_s": "h100_kernels prefill attention (per kernel; not a CostModel field)",
-    "elementwise_layer_s": "vidur_h100 Llama-2-7B/70B TP 1-2: norms+RoPE+SiLU+add of one layer at 1 token, median (not a CostModel field)",
+    "kernel_floor_elementwise_s": "vidur_h100 per-layer norms, RoPE, SiLU-and-mul and add (per kernel; not a CostModel field)",
+    "kernel_floor_eager_attn_s": "llmservingsim_h100 eager attention (per kernel; not a CostModel field)",
+    "kernel_floor_eager_elementwise_s": "llmservingsim_h100 eager norms, RoPE and SiLU (per kernel; not a CostModel field)",
 }
 
 
@@ -594,15 +732,14 @@ def parameter_table(cal: Calibration) -> pd.DataFrame:
         "eta_compute": (cal.eta_compute, "fraction of peak FLOP/s"),
         "eta_memory": (cal.eta_memory, "fraction of HBM bandwidth"),
         "eta_attn": (cal.eta_attn, "fraction of peak FLOP/s"),
+        "eta_elementwise": (cal.eta_elementwise, "fraction of HBM bandwidth"),
         "overhead_s": (cal.overhead_s, "s per step"),
         "allreduce_latency_s": (cal.allreduce_latency_s, "s per all-reduce"),
-        "eta_compute_fp8": (cal.eta_compute_fp8, "fraction of FP8 peak FLOP/s"),
-        "eta_memory_fp8": (cal.eta_memory_fp8, "fraction of HBM bandwidth"),
-        "kernel_floor_gemm_s": (cal.floors.gemm_s, "s per kernel"),
-        "kernel_floor_gemm_fp8_s": (cal.floors.gemm_fp8_s, "s per kernel"),
-        "kernel_floor_decode_attn_s": (cal.floors.decode_attn_s, "s per kernel"),
-        "kernel_floor_prefill_attn_s": (cal.floors.prefill_attn_s, "s per kernel"),
-        "elementwise_layer_s": (cal.elementwise_layer_s, "s per layer"),
+        "eta_compute_fp8": (cal.own.eta_compute_fp8, "fraction of FP8 peak FLOP/s"),
+        "eta_memory_fp8": (cal.own.eta_memory_fp8, "fraction of HBM bandwidth"),
+        "eager_eta_attn": (cal.own.eager_eta_attn, "fraction of peak FLOP/s"),
+        "eager_eta_elementwise": (cal.own.eager_eta_elementwise, "fraction of HBM bandwidth"),
+        **{f"kernel_floor_{k}": (v, "s per kernel") for k, v in cal.floors._asdict().items()},
     }
     return pd.DataFrame([{"name": k, "value": float(f"{v:.6g}"), "unit": u, "fitted_on": FIT_NOTES[k]}
                          for k, (v, u) in values.items()])

@@ -7,7 +7,15 @@ One iteration holds prefill chunks i (c_i new tokens on top of p_i cached ones) 
     F_attn = sum_i 2 L d c_i (2 p_i + c_i) + sum_j 4 L d l_j         causal prefill + one decode row
     B_kv   = k (sum_i p_i + sum_j l_j + T)                           read cached KV, write new KV
     t_attn = max(F_attn / (eta_a F), B_kv / (eta_m BW))
-    step   = t_gemm + t_attn + t_comm + t_overhead
+    t_elem = T a / (eta_e BW)                                        norms, RoPE, SiLU-and-mul
+    step   = t_gemm + t_attn + t_elem + t_comm + t_overhead
+
+``a`` is the activation traffic of the elementwise kernels vLLM runs around the GEMMs, per token, as they
+read and write it at the least: two fused residual-add RMSNorms (4 d elements each), RoPE on the queries
+and keys in place (2 (H + H_kv) d_h / t) and SiLU-and-mul (3 d_ff / t), in BF16, over L layers. DESIGN
+section 3's formula leaves this term out; the measured H100 timings show it is 10 to 15 % of a prefill
+(``batchlab.calibrate``), so the calibrated model keeps it and :meth:`CostModel.ideal`, DESIGN's pure
+roofline, does not.
 
 Under tensor parallelism t the work and bytes per GPU are divided by t and every layer adds two
 all-reduces of the activations (ring algorithm). The formula itself lives in ``sim._step_cost`` so the
@@ -30,14 +38,16 @@ ACTIVATION_BYTES = 2  # activations travel between GPUs in BF16
 
 # Fitted on measured H100 timings by ``python -m batchlab.calibrate`` (data/calibration.csv, data/README.md).
 # Only if that file is absent do DESIGN section 3's starting values apply: they are guesses, not measurements.
-_FITTED = ("eta_compute", "eta_memory", "eta_attn", "overhead_s", "allreduce_latency_s", "eta_compute_fp8",
-           "eta_memory_fp8")
-DEFAULT_EFFICIENCY = (
-    {k: float(read_presets("calibration.csv")[k]["value"]) for k in _FITTED}
-    if (DATA_DIR / "calibration.csv").is_file()
-    else {"eta_compute": 0.6, "eta_memory": 0.8, "eta_attn": 0.5, "overhead_s": 1e-3, "allreduce_latency_s": 0.0,
-          "eta_compute_fp8": 0.6, "eta_memory_fp8": 0.8}
-)
+_STARTING = {"eta_compute": 0.6, "eta_memory": 0.8, "eta_attn": 0.5, "eta_elementwise": None, "overhead_s": 1e-3,
+             "allreduce_latency_s": 0.0, "eta_compute_fp8": 0.6, "eta_memory_fp8": 0.8}
+
+
+def _shipped_efficiency() -> dict:
+    fitted = read_presets("calibration.csv") if (DATA_DIR / "calibration.csv").is_file() else {}
+    return {k: float(fitted[k]["value"]) if k in fitted else v for k, v in _STARTING.items()}
+
+
+DEFAULT_EFFICIENCY = _shipped_efficiency()
 
 
 class StepBreakdown(NamedTuple):
@@ -47,6 +57,7 @@ class StepBreakdown(NamedTuple):
     gemm_s: float  # seconds, weight GEMMs (max of compute and weight streaming)
     attn_s: float  # seconds, attention (max of compute and KV traffic)
     comm_s: float  # seconds, tensor-parallel all-reduces
+    elementwise_s: float  # seconds, norms, RoPE and SiLU-and-mul (activation traffic)
     overhead_s: float  # seconds, fixed per-step cost (scheduling, launches, sampling)
     flops: float  # FLOP per GPU in the step
     hbm_bytes: float  # bytes read or written from HBM per GPU in the step
@@ -71,6 +82,10 @@ class CostModel:
         Achieved fraction of peak FLOP/s in GEMMs, of HBM bandwidth, and of peak FLOP/s in attention.
         Default: the fitted values of ``data/calibration.csv`` (FP8 GEMMs have their own eta_compute and
         eta_memory there, used when ``dtype="fp8"``).
+    eta_elementwise : float or None
+        Achieved fraction of HBM bandwidth in the elementwise kernels (norms, RoPE, SiLU-and-mul) on their
+        least activation traffic. ``None`` leaves the term out, as DESIGN section 3 and :meth:`ideal` do.
+        Default: the fitted value of ``data/calibration.csv``.
     overhead_s : float
         Seconds added to every iteration (scheduling, kernel launches, sampling).
     allreduce_latency_s : float
@@ -85,6 +100,7 @@ class CostModel:
     eta_compute: float = None
     eta_memory: float = None
     eta_attn: float = DEFAULT_EFFICIENCY["eta_attn"]
+    eta_elementwise: float | None = DEFAULT_EFFICIENCY["eta_elementwise"]
     overhead_s: float = DEFAULT_EFFICIENCY["overhead_s"]
     allreduce_latency_s: float = DEFAULT_EFFICIENCY["allreduce_latency_s"]
 
@@ -106,6 +122,9 @@ class CostModel:
             value = getattr(self, field)
             if not (isinstance(value, (int, float)) and 0 < value <= 1):
                 raise ValueError(f"{field} must be in (0, 1], got {value!r}")
+        value = self.eta_elementwise
+        if value is not None and not (isinstance(value, (int, float)) and 0 < value <= 1):
+            raise ValueError(f"eta_elementwise must be None or in (0, 1], got {value!r}")
         for field in ("overhead_s", "allreduce_latency_s"):
             value = getattr(self, field)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
@@ -113,9 +132,10 @@ class CostModel:
 
     # -- derived quantities -------------------------------------------------------------------
     def ideal(self) -> "CostModel":
-        """The pure roofline: every efficiency 1, no per-step overhead, no all-reduce latency."""
+        """DESIGN's pure roofline: GEMMs and attention at peak, no elementwise term, overhead or latency."""
         return dataclasses.replace(
-            self, eta_compute=1.0, eta_memory=1.0, eta_attn=1.0, overhead_s=0.0, allreduce_latency_s=0.0
+            self, eta_compute=1.0, eta_memory=1.0, eta_attn=1.0, eta_elementwise=None, overhead_s=0.0,
+            allreduce_latency_s=0.0,
         )
 
     def replace(self, **changes) -> "CostModel":
@@ -139,6 +159,18 @@ class CostModel:
         heads_per_gpu = max(m.kv_heads / self.tp, 1.0)
         return 2 * m.layers * heads_per_gpu * m.head_dim * BYTES_PER_ELEMENT[self.kv_dtype]
 
+    @property
+    def elementwise_bytes_per_token(self) -> float:
+        """Least activation bytes the norms, RoPE and SiLU-and-mul read and write per token, one GPU.
+
+        Per layer: two fused residual-add RMSNorms (read x and the residual, write both: 4 d), RoPE on the
+        queries and keys in place (2 (H + H_kv) d_h / t) and SiLU-and-mul (read 2 d_ff / t, write d_ff / t),
+        BF16 activations. The norms see the whole hidden state on every GPU of a TP group.
+        """
+        m, tp = self.model, self.tp
+        elements = 8 * m.d_model + 2 * (m.heads + m.kv_heads) * m.head_dim / tp + 3 * m.d_ff / tp
+        return m.layers * elements * ACTIVATION_BYTES
+
     def coefficients(self) -> np.ndarray:
         """The float64 vector ``sim._step_cost`` reads: every constant of the formula, per GPU."""
         m, hw, tp = self.model, self.hardware, self.tp
@@ -153,6 +185,8 @@ class CostModel:
         coef[7] = self.eta_memory
         coef[8] = self.eta_attn
         coef[9] = self.overhead_s
+        coef[12] = 0.0 if self.eta_elementwise is None else self.elementwise_bytes_per_token
+        coef[13] = 1.0 if self.eta_elementwise is None else self.eta_elementwise
         if tp > 1:
             # Two ring all-reduces per layer, each moving 2 (t-1)/t of the activations per GPU.
             per_token = 2 * m.layers * 2 * (tp - 1) / tp * m.d_model * ACTIVATION_BYTES
@@ -195,8 +229,8 @@ class CostModel:
         attn_work = (c * (2 * p + c)).sum() + 2 * ctx.sum()
         cached = p.sum() + ctx.sum()
         out = _step_cost(self.coefficients(), new_tokens, attn_work, cached)
-        total, gemm, attn, comm, flops, nbytes, compute_bound = out
-        return StepBreakdown(total, gemm, attn, comm, self.overhead_s, flops, nbytes,
+        total, gemm, attn, comm, elementwise, flops, nbytes, compute_bound = out
+        return StepBreakdown(total, gemm, attn, comm, elementwise, self.overhead_s, flops, nbytes,
                              "compute" if compute_bound else "memory")
 
     def step_time(self, prefill_chunks: Sequence[tuple[int, int]] = (), decode_contexts: Sequence[int] = ()) -> float:

@@ -943,6 +943,10 @@ PARITY_DESCRIPTORS = ("model", "op", "geometry", "tp", "workers", "tokens", "bat
                       "size_bytes")  # the columns that name a measured case, in the order a label shows them
 
 
+def _shipped_calibration() -> pd.Series:
+    return pd.read_csv(DATA_DIR / "calibration.csv").set_index("name")["value"]
+
+
 def shipped_floors():
     """The per-kernel floors of ``data/calibration.csv`` as :class:`batchlab.calibrate.KernelFloors` (seconds).
 
@@ -951,8 +955,16 @@ def shipped_floors():
     """
     from . import calibrate
 
-    values = pd.read_csv(DATA_DIR / "calibration.csv").set_index("name")["value"]
+    values = _shipped_calibration()
     return calibrate.KernelFloors(*(float(values[f"kernel_floor_{k}"]) for k in calibrate.KernelFloors._fields))
+
+
+def shipped_own_kernels():
+    """FP8's and eager PyTorch's efficiencies from ``data/calibration.csv``, as :class:`batchlab.calibrate.OwnKernels`."""
+    from . import calibrate
+
+    values = _shipped_calibration()
+    return calibrate.OwnKernels(*(float(values[k]) for k in calibrate.OwnKernels._fields))
 
 
 def _stage_group(split: pd.Series) -> pd.Series:
@@ -960,7 +972,7 @@ def _stage_group(split: pd.Series) -> pd.Series:
     return split.where(split.isin(["fit", "ridge"]), "held out")
 
 
-def validation_frames(before, after, floors=None, root=None):
+def validation_frames(before, after, floors=None, own=None, root=None):
     """Every measured case predicted twice, before and after calibration, and the error table (notebook 10).
 
     Parameters
@@ -971,6 +983,9 @@ def validation_frames(before, after, floors=None, root=None):
     floors : KernelFloors, optional
         Seconds per kernel added to the per-operator sets after calibration (default: :func:`shipped_floors`);
         the "before" predictions have none, as in ``data/calibration_errors.csv``.
+    own : OwnKernels, optional
+        FP8's and eager PyTorch's efficiencies after calibration (default: :func:`shipped_own_kernels`); the
+        "before" predictions use ``before``'s everywhere.
     root : path, optional
         Measured-timings folder (default ``$BATCHLAB_MEASURED_DIR``).
 
@@ -982,28 +997,25 @@ def validation_frames(before, after, floors=None, root=None):
         (|predicted / measured - 1|) and the case descriptors.
     errors : DataFrame
         One row per set: ``cases``, ``median_rel_err_before``, ``worst_rel_err_before``,
-        ``median_rel_err_after``, ``worst_rel_err_after``, as in the ``all`` rows of
-        ``data/calibration_errors.csv``, plus ``gemm_kernels_fp8_own_eta`` (the FP8 GEMMs under their own
-        fitted efficiencies).
+        ``median_rel_err_after``, ``worst_rel_err_after``, ``diagnostic`` (a set timed under efficiencies
+        that are not its kernels', :data:`batchlab.calibrate.DIAGNOSTIC_SETS`), as in the ``all`` rows of
+        ``data/calibration_errors.csv``.
     """
     from . import calibrate
 
     floors = shipped_floors() if floors is None else floors
-    stages = {"before": calibrate.load_all(before, root), "after": calibrate.load_all(after, root, floors)}
-    own = {"before": calibrate.load_gemm_kernels(before, root),
-           "after": calibrate.load_gemm_kernels(after.replace(eta_compute=DEFAULT_EFFICIENCY["eta_compute_fp8"],
-                                                              eta_memory=DEFAULT_EFFICIENCY["eta_memory_fp8"]),
-                                                root, floors)}
+    own = shipped_own_kernels() if own is None else own
+    stages = {"before": calibrate.load_all(before, root), "after": calibrate.load_all(after, root, floors, own)}
     tables, frames = [], []
     for stage, frame in stages.items():
         frame = frame.assign(case_id=np.arange(len(frame)), stage=stage, group=_stage_group(frame["split"]),
                              rel_err=(frame["predicted_s"] / frame["measured_s"] - 1.0).abs())
         frames.append(frame)
-        both = pd.concat([frame, own[stage].assign(set="gemm_kernels_fp8_own_eta")], ignore_index=True)
-        err = calibrate.relative_errors(both)
+        err = calibrate.relative_errors(frame)
         err = err[err["split"] == "all"].set_index("set")
         tables.append(err[["cases", "median_rel_err", "worst_rel_err"]].add_suffix(f"_{stage}"))
     errors = tables[0].join(tables[1].drop(columns="cases_after")).rename(columns={"cases_before": "cases"})
+    errors["diagnostic"] = errors.index.isin(list(calibrate.DIAGNOSTIC_SETS.values()))
     return pd.concat(frames, ignore_index=True), errors.reset_index()
 
 
@@ -1027,27 +1039,31 @@ def parity_sample(cases: pd.DataFrame, per_set: int = 100) -> pd.DataFrame:
     return out[["case_id", "set", "group", "stage", "case", "measured_ms", "predicted_ms", "rel_err"]].reset_index(drop=True)
 
 
-def llmservingsim_unfused(cost, root=None) -> pd.DataFrame:
-    """LLMServingSim's eager forward pass of Llama-3.1-8B split into what the formula models and what it does not.
+def llmservingsim_forward(cost, root=None) -> pd.DataFrame:
+    """LLMServingSim's eager forward pass of Llama-3.1-8B against ``cost.prefill_time``, elementwise part apart.
 
-    Per prompt length (``tokens``): ``measured_s`` (the whole pass), ``unfused_s`` (the norms, RoPE and SiLU
-    kernels of 32 layers plus the final norm, which eager PyTorch launches separately and the formula has no
-    term for), ``predicted_s`` (``cost.prefill_time``), ``unfused_share`` and ``rel_err_without_unfused``
-    (|predicted / (measured - unfused) - 1|).
+    Per prompt length (``tokens``): ``measured_s`` (the whole pass), ``measured_elementwise_s`` (its norms, RoPE
+    and SiLU kernels in 32 layers plus the final norm), ``predicted_s`` (``cost.prefill_time``),
+    ``predicted_elementwise_s`` (the part of it that is the elementwise term) and
+    ``predicted_without_elementwise_s`` (DESIGN's formula, ``eta_elementwise=None``).
     """
     from . import calibrate
 
     raw = calibrate._llmservingsim_raw(str(calibrate.measured_dir(root)))
     layers = get_model(calibrate.REFERENCE_MODEL).layers
-    unfused = layers * raw[["input_layernorm", "post_layernorm", "rope", "act_fn"]].sum(axis=1) + raw["final_layernorm"]
+    measured_elem = layers * raw[list(calibrate.LLMSERVINGSIM_SMALL_OPS)].sum(axis=1) + raw["final_layernorm"]
     step = calibrate.load_llmservingsim(cost, root)
-    step = step[step["set"] == "llmservingsim_step"].set_index("tokens")
-    out = pd.DataFrame({"tokens": step.index.to_numpy(), "measured_s": step["measured_s"].to_numpy(),
-                        "unfused_s": unfused.reindex(step.index.astype(int)).to_numpy(),
-                        "predicted_s": step["predicted_s"].to_numpy()})
-    out["unfused_share"] = out["unfused_s"] / out["measured_s"]
-    out["rel_err_without_unfused"] = (out["predicted_s"] / (out["measured_s"] - out["unfused_s"]) - 1).abs()
-    return out
+    step = step[step["set"] == "llmservingsim_step"]
+    tokens = step["tokens"].to_numpy()
+    cost = cost.replace(model=get_model(calibrate.REFERENCE_MODEL), dtype="bf16", kv_dtype="bf16", tp=1)
+    plain = cost.replace(eta_elementwise=None)
+    return pd.DataFrame({
+        "tokens": tokens, "measured_s": step["measured_s"].to_numpy(),
+        "measured_elementwise_s": measured_elem.reindex(tokens.astype(int)).to_numpy(),
+        "predicted_s": step["predicted_s"].to_numpy(),
+        "predicted_elementwise_s": [cost.step_breakdown([(int(t), 0)]).elementwise_s for t in tokens],
+        "predicted_without_elementwise_s": [plain.prefill_time(int(t)) for t in tokens],
+    })
 
 
 # vLLM v0.6.0 performance update (vLLM blog, 2024-09-05, https://blog.vllm.ai/2024/09/05/perf-update.html),

@@ -11,7 +11,7 @@ import math
 import numpy as np
 from numba import njit
 
-N_COEF = 12
+N_COEF = 14
 
 POLICIES = ("static", "dynamic", "continuous", "chunked")
 POLICY_CODE = {name: i for i, name in enumerate(POLICIES)}
@@ -35,23 +35,25 @@ def _step_cost(coef, new_tokens, attn_work, cached_tokens):
     """Seconds of one iteration from its aggregates (see ``cost`` for the formula).
 
     ``new_tokens`` = T, ``attn_work`` = sum c(2p + c) + 2 sum l, ``cached_tokens`` = sum p + sum l.
-    Returns (total, gemm, attn, comm, flops, hbm_bytes, compute_bound).
+    Returns (total, gemm, attn, comm, elementwise, flops, hbm_bytes, compute_bound).
     """
     peak, bw = coef[4], coef[5]
     eta_c, eta_m, eta_a = coef[6], coef[7], coef[8]
     gemm_flops = coef[0] * new_tokens
     attn_flops = coef[2] * attn_work
     kv_bytes = coef[3] * (cached_tokens + new_tokens)
+    act_bytes = coef[12] * new_tokens
     gemm_math = gemm_flops / (eta_c * peak)
     gemm_mem = coef[1] / (eta_m * bw)
     attn_math = attn_flops / (eta_a * peak)
     attn_mem = kv_bytes / (eta_m * bw)
     gemm = max(gemm_math, gemm_mem)
     attn = max(attn_math, attn_mem)
+    elementwise = act_bytes / (coef[13] * bw)
     comm = coef[10] * new_tokens + coef[11]
-    total = gemm + attn + comm + coef[9]
-    compute_bound = (gemm_math + attn_math) > (gemm_mem + attn_mem)
-    return total, gemm, attn, comm, gemm_flops + attn_flops, coef[1] + kv_bytes, compute_bound
+    total = gemm + attn + elementwise + comm + coef[9]
+    compute_bound = (gemm_math + attn_math) > (gemm_mem + attn_mem + elementwise)
+    return total, gemm, attn, comm, elementwise, gemm_flops + attn_flops, coef[1] + kv_bytes + act_bytes, compute_bound
 
 
 @njit(cache=True)
@@ -139,7 +141,7 @@ def _run_batched(arrival, prompt, output, live, tok_off, coef, batch_size, max_q
         kv_used = b * _blocks_for(p_max + o_max - 1, block_size)
         # Prefill: b rows of p_max tokens, padded rows cost what real rows cost.
         t = dispatch
-        dur, _g, _a, _c, flops, nbytes, bound = _step_cost(coef, b * p_max, b * p_max * p_max, 0.0)
+        dur, _g, _a, _c, _e, flops, nbytes, bound = _step_cost(coef, b * p_max, b * p_max * p_max, 0.0)
         steps = _record_step(steps, n_steps, t, dur, b * p_max, 0, b, kv_used, bound, flops, nbytes)
         if record:
             for k in range(head, end):
@@ -159,7 +161,7 @@ def _run_batched(arrival, prompt, output, live, tok_off, coef, batch_size, max_q
         # Decode: o_max - 1 steps of b rows; row contexts are p_max + s - 1 cached tokens.
         for s in range(1, o_max):
             ctx = p_max + s - 1
-            dur, _g, _a, _c, flops, nbytes, bound = _step_cost(coef, b, 2.0 * b * ctx, b * ctx)
+            dur, _g, _a, _c, _e, flops, nbytes, bound = _step_cost(coef, b, 2.0 * b * ctx, b * ctx)
             steps = _record_step(steps, n_steps, t, dur, 0, b, b, kv_used, bound, flops, nbytes)
             if record:
                 for k in range(head, end):
@@ -384,7 +386,7 @@ def _run_iterations(arrival, prompt, output, live, tok_off, coef, chunked, max_n
                     if first_done < 0:
                         first_done = k
         new_tokens = decode_seqs + prefill_tokens
-        dur, _g, _a, _c, flops, nbytes, bound = _step_cost(coef, new_tokens, attn_work, cached)
+        dur, _g, _a, _c, _e, flops, nbytes, bound = _step_cost(coef, new_tokens, attn_work, cached)
         steps = _record_step(steps, n_steps, now, dur, prefill_tokens, decode_seqs, n_running,
                              usable_blocks - free_blocks, bound, flops, nbytes)
         n_steps += 1

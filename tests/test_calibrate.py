@@ -14,11 +14,12 @@ from batchlab.cost import DEFAULT_EFFICIENCY
 
 TARGET = 0.15  # issue 5: median relative error per measured set after calibration
 
-# Sets the formula cannot match, with the reason (data/README.md) and a ceiling that catches regressions.
-KNOWN_MISSES = {
-    "gemm_kernels_fp8": ("FP8 GEMMs under the BF16 defaults; one pair of GEMM efficiencies for all dtypes", 0.25),
-    "llmservingsim_attn": ("eager PyTorch attention, not a fused kernel", 0.55),
-    "llmservingsim_step": ("eager forward pass: unfused norms, RoPE and SiLU have no term in the formula", 0.25),
+# Diagnostic sets: kernels timed under efficiencies that are not theirs. They show why FP8 and eager PyTorch
+# get their own efficiencies, so they must miss, by at least these floors.
+DIAGNOSTIC_FLOORS = {
+    "gemm_kernels_fp8_bf16_eta": 0.15,  # FP8 GEMMs under the BF16 defaults
+    "llmservingsim_attn_vllm_eta": 0.30,  # eager attention under FlashAttention-3's efficiency
+    "llmservingsim_elementwise_vllm_eta": 0.50,  # eager norms, RoPE and SiLU under vLLM's kernels' efficiency
 }
 
 
@@ -59,9 +60,13 @@ def test_shipped_errors_match_a_refit(cal):
 
 
 def test_fitted_values_are_physical(cal):
-    for name in ("eta_compute", "eta_memory", "eta_attn", "eta_compute_fp8", "eta_memory_fp8"):
+    for name in ("eta_compute", "eta_memory", "eta_attn", "eta_elementwise"):
         assert 0 < getattr(cal, name) <= 1, name
-    assert cal.overhead_s >= 0 and cal.allreduce_latency_s >= 0 and cal.elementwise_layer_s >= 0
+    for name, value in cal.own._asdict().items():
+        assert 0 < value <= 1, name
+    assert cal.overhead_s >= 0 and cal.allreduce_latency_s >= 0
+    # Eager PyTorch reaches a smaller share of the hardware than vLLM's fused kernels do.
+    assert cal.own.eager_eta_attn < cal.eta_attn and cal.own.eager_eta_elementwise < cal.eta_elementwise
     # Kernel floors are microseconds, and none is stuck at the fit's bounds.
     for name, value in cal.floors._asdict().items():
         assert 0 < value < 100e-6, name
@@ -69,28 +74,48 @@ def test_fitted_values_are_physical(cal):
     assert (cal.eta_compute, cal.eta_memory, cal.eta_attn) != (0.6, 0.8, 0.5)
 
 
-def test_median_error_per_set_within_target(overall):
-    missed = {s for s in overall.index if overall.loc[s, "median_rel_err_after"] > TARGET}
-    assert missed <= set(KNOWN_MISSES), overall.loc[sorted(missed - set(KNOWN_MISSES))]
-    for name, (reason, ceiling) in KNOWN_MISSES.items():
-        assert overall.loc[name, "median_rel_err_after"] <= ceiling, f"{name} got worse ({reason})"
+def test_every_measured_set_within_target(overall):
+    assert set(DIAGNOSTIC_FLOORS) == set(calibrate.DIAGNOSTIC_SETS.values())
+    sets = overall.drop(index=list(DIAGNOSTIC_FLOORS))
+    assert len(sets) == 10
+    assert (sets["median_rel_err_after"] <= TARGET).all(), sets
+
+
+def test_diagnostic_sets_miss(overall):
+    for name, floor in DIAGNOSTIC_FLOORS.items():
+        assert overall.loc[name, "median_rel_err_after"] > floor, name
 
 
 def test_held_out_splits_within_target(cal):
-    held = cal.errors[cal.errors["split"].str.startswith("holdout") & ~cal.errors["set"].isin(KNOWN_MISSES)]
-    assert len(held) >= 6
+    errors = cal.errors[~cal.errors["set"].isin(list(DIAGNOSTIC_FLOORS))]
+    held = errors[errors["split"].str.startswith("holdout")]
+    assert len(held) >= 9
     assert (held["median_rel_err_after"] <= TARGET).all(), held
 
 
-def test_calibration_beats_the_starting_values_where_the_formula_applies(overall):
-    applies = overall.drop(index=list(KNOWN_MISSES))
-    assert (applies["median_rel_err_after"] < applies["median_rel_err_before"]).all(), applies
+def test_calibration_beats_the_starting_values(overall):
+    # Not the eager forward pass: DESIGN's low starting efficiencies happen to absorb eager PyTorch's slow
+    # elementwise kernels there (see the next test for what the calibration does for it).
+    sets = overall.drop(index=[*DIAGNOSTIC_FLOORS, "llmservingsim_step"])
+    assert (sets["median_rel_err_after"] < sets["median_rel_err_before"]).all(), sets
+
+
+def test_elementwise_term_brings_the_forward_pass_within_target(cal, measured):
+    with_term = cal.cost_model()
+    assert with_term.eta_elementwise == cal.eta_elementwise
+
+    def step_error(cost):
+        step = calibrate.load_llmservingsim(cost, measured)
+        step = step[step["set"] == "llmservingsim_step"]
+        return float((step["predicted_s"] / step["measured_s"] - 1).abs().median())
+
+    assert step_error(with_term) <= TARGET < step_error(with_term.replace(eta_elementwise=None))
 
 
 def test_cost_model_defaults_are_the_shipped_calibration():
     shipped = pd.read_csv(DATA_DIR / "calibration.csv").set_index("name")["value"]
     cost = bl.CostModel(bl.get_hardware("h100-sxm"), bl.get_model("llama-3-8b"))
-    for name in ("eta_compute", "eta_memory", "eta_attn", "overhead_s"):
+    for name in ("eta_compute", "eta_memory", "eta_attn", "eta_elementwise", "overhead_s"):
         assert DEFAULT_EFFICIENCY[name] == shipped[name]
         assert getattr(cost, name) == shipped[name]
 
@@ -118,6 +143,15 @@ def test_operator_predictions_are_the_cost_model_formula(measured, cost8b):
     row = p[(p["geometry"] == "32-8-128") & (p["tokens"] == 8192)].iloc[0]
     attn = cost8b.replace(model=_one_layer("attn", 0, 4096, 32, 8, 128))
     assert row["predicted_s"] == pytest.approx(attn.step_breakdown(prefill_chunks=[(8192, 0)]).attn_s, rel=1e-12)
+    # vidur's norms, RoPE, SiLU-and-mul and add: one CodeLlama-34B layer at TP 4 and 2048 tokens.
+    e = calibrate.load_vidur_elementwise(cost8b, measured)
+    row = e[(e["model"] == "CodeLlama-34b-Instruct-hf") & (e["tp"] == 4) & (e["tokens"] == 2048)].iloc[0]
+    layer = cost8b.replace(model=bl.ModelSpec(name="cl-34b-layer", params=1, layers=1, d_model=8192, heads=64,
+                                              kv_heads=8, head_dim=128, d_ff=22016, vocab=0), tp=4)
+    breakdown = layer.step_breakdown(prefill_chunks=[(2048, 0)])
+    assert row["predicted_s"] == pytest.approx(breakdown.elementwise_s, rel=1e-12)
+    assert breakdown.elementwise_s == pytest.approx(
+        2048 * (8 * 8192 + 2 * (64 + 8) * 128 / 4 + 3 * 22016 / 4) * 2 / (cost8b.eta_elementwise * 3.35e12), rel=1e-12)
 
 
 def test_allreduce_prediction_is_the_cost_model_comm_term(measured, cost8b):

@@ -60,8 +60,8 @@ def test_flat_then_linear(ideal8b):
 
 def test_breakdown_parts_add_up(cost8b):
     b = cost8b.step_breakdown(prefill_chunks=[(512, 1024)], decode_contexts=[2048] * 64)
-    assert b.total_s == pytest.approx(b.gemm_s + b.attn_s + b.comm_s + b.overhead_s)
-    assert b.comm_s == 0
+    assert b.total_s == pytest.approx(b.gemm_s + b.attn_s + b.elementwise_s + b.comm_s + b.overhead_s)
+    assert b.comm_s == 0 and b.elementwise_s > 0
     assert b.bound in ("compute", "memory")
     assert cost8b.step_breakdown(decode_contexts=[100]).bound == "memory"
     assert cost8b.step_breakdown(prefill_chunks=[(8000, 0)]).bound == "compute"
@@ -69,7 +69,7 @@ def test_breakdown_parts_add_up(cost8b):
 
 def test_mixed_step_matches_the_formula_by_hand(h100):
     c = bl.CostModel(h100, bl.get_model("llama-3-8b"), eta_compute=0.5, eta_memory=0.7, eta_attn=0.4,
-                     overhead_s=2e-3)
+                     eta_elementwise=0.6, overhead_s=2e-3)
     m = c.model
     chunks, ctx = [(300, 700), (50, 0)], [1000, 3000, 20]
     T = 350 + 3
@@ -79,7 +79,11 @@ def test_mixed_step_matches_the_formula_by_hand(h100):
     f_attn = 2 * L * d * (300 * (2 * 700 + 300) + 50 * 50) + 4 * L * d * sum(ctx)
     b_kv = k * (700 + 0 + sum(ctx) + T)
     attn = max(f_attn / (0.4 * F), b_kv / (0.7 * BW))
-    assert c.step_time(chunks, ctx) == pytest.approx(gemm + attn + 2e-3, rel=1e-12)
+    # Two fused add-RMSNorms (4 d each), RoPE on q and k (2 (32 + 8) 128), SiLU-and-mul (3 d_ff), BF16, L layers.
+    elementwise = T * L * (8 * 4096 + 2 * 40 * 128 + 3 * 14336) * 2 / (0.6 * BW)
+    assert c.step_time(chunks, ctx) == pytest.approx(gemm + attn + elementwise + 2e-3, rel=1e-12)
+    assert c.replace(eta_elementwise=None).step_time(chunks, ctx) == pytest.approx(gemm + attn + 2e-3, rel=1e-12)
+    assert c.ideal().eta_elementwise is None  # DESIGN's pure roofline has no elementwise term
 
 
 def test_tensor_parallel_divides_work_and_adds_allreduce(h100):
@@ -102,7 +106,8 @@ def test_kv_pool_size(cost8b, h100):
 @pytest.mark.parametrize("kwargs, field", [
     (dict(dtype="fp16"), "dtype"), (dict(kv_dtype="int4"), "kv_dtype"), (dict(tp=0), "tp"), (dict(tp=16), "tp"),
     (dict(eta_compute=0), "eta_compute"), (dict(eta_memory=1.5), "eta_memory"), (dict(overhead_s=-1), "overhead_s"),
-    (dict(overhead_s=math.nan), "overhead_s"),
+    (dict(overhead_s=math.nan), "overhead_s"), (dict(eta_elementwise=0), "eta_elementwise"),
+    (dict(eta_elementwise=1.2), "eta_elementwise"),
 ])
 def test_bad_cost_model_fields(h100, kwargs, field):
     with pytest.raises(ValueError, match=field):
