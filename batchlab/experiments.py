@@ -1066,6 +1066,24 @@ def llmservingsim_forward(cost, root=None) -> pd.DataFrame:
     })
 
 
+def eager_holdout_error(cost, max_tokens: int, root=None) -> pd.Series:
+    """Median error of eager PyTorch's kernels on prompts longer than ``max_tokens``, fitted up to it.
+
+    Refits eager attention's and elementwise efficiencies and floors (:func:`batchlab.calibrate.fit_eager`)
+    on LLMServingSim's prompts of at most ``max_tokens`` tokens, with ``cost``'s other efficiencies, and
+    returns the median relative error per set (``llmservingsim_attn``, ``llmservingsim_elementwise``) on the
+    longer prompts: how far the fitted shape carries.
+    """
+    from . import calibrate
+
+    etas, floors = calibrate.fit_eager(root, max_tokens, {k: getattr(cost, k) for k in
+                                                          ("eta_compute", "eta_memory", "eta_attn", "eta_elementwise")})
+    own = shipped_own_kernels()._replace(eager_eta_attn=etas["eta_attn"], eager_eta_elementwise=etas["eta_elementwise"])
+    frame = calibrate.load_llmservingsim(cost, root, floors, own)
+    frame = frame[frame["set"].isin(["llmservingsim_attn", "llmservingsim_elementwise"]) & (frame["tokens"] > max_tokens)]
+    return (frame["predicted_s"] / frame["measured_s"] - 1).abs().groupby(frame["set"]).median()
+
+
 # vLLM v0.6.0 performance update (vLLM blog, 2024-09-05, https://blog.vllm.ai/2024/09/05/perf-update.html),
 # as quoted in ../shared/data/README.md: Llama-3-8B BF16 on one H100, 500 ShareGPT prompts.
 PUBLISHED_VLLM_V060 = {

@@ -987,8 +987,10 @@ def parity_frame(sample: pd.DataFrame, band: float = 0.15) -> pd.DataFrame:
     """Parity points plus, per set and stage, the lines y = x and y = (1 +- ``band``) x spanning the set's range.
 
     ``sample`` is :func:`batchlab.experiments.parity_sample`. Adds ``kind`` ("case" or the line's label) and
-    ``panel`` (the stage as "before calibration" / "after calibration").
+    ``panel`` (the stage as "before calibration" / "after calibration"). Cases predicted at 0 (a term the
+    starting model does not have) cannot sit on a log axis and are left out.
     """
+    sample = sample[sample["predicted_ms"] > 0]
     rows = []
     for name, per in sample.groupby("set", sort=False):
         lo = min(per["measured_ms"].min(), per["predicted_ms"].min()) / (1 + band)

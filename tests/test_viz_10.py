@@ -81,3 +81,12 @@ def test_published_chart_spec():
     assert any(row.get("mean_tpot_ms") == 13.4 and row.get("rate") == 32.0 for data in datasets for row in data)
     legend = next(e["color"] for e in walk(spec, "encoding") if "color" in e)
     assert "202" in legend["legend"]["labelExpr"]  # the blog's means, from the published figures
+
+
+def test_parity_frame_leaves_out_cases_predicted_at_zero(sample):
+    zero = sample.copy()
+    zero.loc[(zero["set"] == "set_a") & (zero["stage"] == "before"), "predicted_ms"] = 0.0
+    frame = viz.parity_frame(zero)
+    assert (frame["predicted_ms"] > 0).all() and (frame["measured_ms"] > 0).all()  # drawable on log axes
+    kept = frame[(frame["set"] == "set_a") & (frame["kind"] == "case")]
+    assert set(kept["panel"]) == {viz.STAGE_LABELS["after"]}
