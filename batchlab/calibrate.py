@@ -8,18 +8,23 @@ split, the median and worst relative error before and after calibration).
 
 The model of one operator
 -------------------------
-Every per-operator prediction is the roofline of ``sim._step_cost`` for that operator alone (its FLOPs and
-bytes come from :meth:`CostModel.coefficients`, so shapes are counted exactly as the simulator counts them)
-plus a fixed *kernel floor* for every kernel launched::
+Every per-operator prediction is ``sim._step_cost``'s term for that operator alone (its FLOPs and bytes come
+from :meth:`CostModel.coefficients` and :attr:`CostModel.elementwise_bytes_per_token`, so shapes are counted
+exactly as the simulator counts them) plus a fixed *kernel floor* for every kernel launched::
 
-    t_op = n_kernels * floor + max(flops / (eta * F), bytes / (eta_memory * BW))
+    t_op = n_kernels * floor + max(flops / (eta * F), bytes / (eta_memory * BW))     GEMMs, attention
+    t_op = n_kernels * floor + activation_bytes / (eta_elementwise * BW)             norms, RoPE, SiLU, add
 
 The floor is what a kernel costs however little it does (ramp-up, tail, and in some harnesses the launch). It
 matters for small operators, so it is fitted, once per measuring harness because each harness times kernels
 its own way. The CostModel has no per-kernel term, only ``overhead_s`` per step, and the floors map onto it:
-``overhead_s = L * (4 * floor_gemm + floor_decode_attn + elementwise_layer_s)`` with the L = 32 layers of the
-reference model Llama-3-8B (4 GEMM kernels and one attention kernel per layer, as vLLM fuses them, plus the
-norms, RoPE, SiLU and residual add that the formula does not model, at their one-token cost).
+``overhead_s = L * (4 * floor_gemm + floor_decode_attn + 5 * floor_elementwise)`` with the L = 32 layers of the
+reference model Llama-3-8B (4 GEMM kernels and one attention kernel per layer, as vLLM fuses them, and the
+five elementwise kernels of vidur's profile).
+
+DESIGN section 3's formula has no elementwise term; vidur's profile shows the norms, RoPE, SiLU-and-mul and
+residual add are 10 to 15 % of a layer's time at a few thousand tokens, so the calibrated CostModel has one
+(``eta_elementwise``), and ``CostModel.ideal()`` keeps DESIGN's formula without it.
 
 The fit
 -------
@@ -34,17 +39,21 @@ reported as split ``ridge``. Training splits:
 - ``eta_memory`` (one bandwidth efficiency for weights and KV, as in the CostModel) and the decode floor:
   decode-attention kernels at TP 1;
 - ``eta_attn`` and the prefill floor: prefill-attention kernels of geometries 32-8-128, 64-8-128, 40-40-128;
+- ``eta_elementwise`` and the elementwise floor: vidur's per-layer norms, RoPE, SiLU-and-mul and add of the
+  same two models at TP 1 and 2;
 - ``allreduce_latency_s``: vidur's NCCL all-reduce on a DGX H100 with 2 and 8 GPUs, the bandwidth term held at
   the hardware preset's interconnect bandwidth, as the CostModel computes it;
-- ``eta_compute_fp8``, ``eta_memory_fp8`` and the FP8 floor: the FP8 GEMM benchmark with n = 6144. These are
-  not CostModel defaults (it has one pair of GEMM efficiencies for every dtype, fitted on BF16, the book's
-  dtype); pass them explicitly for ``dtype="fp8"`` (:meth:`Calibration.cost_model` does).
+- kernels that are not vLLM's BF16 ones get their own efficiencies (:class:`OwnKernels`): FP8 GEMMs
+  (``eta_compute_fp8``, ``eta_memory_fp8`` and a floor, on the FP8 GEMM benchmark with n = 6144; the CostModel's
+  defaults when ``dtype="fp8"``) and eager PyTorch's attention and elementwise kernels (on LLMServingSim's
+  profile up to 1,536 prompt tokens; not CostModel defaults, since vLLM runs neither). Each of those sets is
+  also reported under the BF16 defaults as a diagnostic set (:data:`DIAGNOSTIC_SETS`).
 
-Held out, only evaluated: vidur at TP 4 and 8 and its other four models (CodeLlama-34B, InternLM-20B,
-Qwen-72B, phi-2; shapes read from the files' own columns), the FP8 GEMMs under the BF16 defaults and with
-n = 11008 under their own efficiencies, decode attention at TP 2 and 4, the other three prefill geometries,
-4-GPU all-reduce, and all of LLMServingSim's Llama-3.1-8B profile: each GEMM and the attention per operator,
-and the whole forward pass against :meth:`CostModel.prefill_time`.
+Held out, only evaluated: vidur at TP 4 and 8 and its other models (CodeLlama-34B, InternLM-20B, Qwen-72B, and
+phi-2 for GEMMs; shapes read from the files' own columns), the FP8 GEMMs with n = 11008, decode attention at TP 2
+and 4, the other three prefill geometries, 4-GPU all-reduce, and of LLMServingSim's Llama-3.1-8B profile each
+GEMM, the eager kernels on prompts of more than 1,536 tokens, and the whole forward pass against
+:meth:`CostModel.prefill_time` (the CostModel's defaults, vLLM's kernels, against eager PyTorch's).
 """
 from __future__ import annotations
 
