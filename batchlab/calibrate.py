@@ -68,7 +68,7 @@ import pandas as pd
 from scipy.optimize import least_squares
 
 from ._data import DATA_DIR
-from .cost import DEFAULT_EFFICIENCY, CostModel
+from .cost import CostModel
 from .hardware import get_hardware
 from .models import ModelSpec, get_model
 
@@ -79,6 +79,7 @@ HARDWARE = "h100-sxm"  # every measured set is an H100 SXM (the pairwise-NVLink 
 START = {"eta_compute": 0.6, "eta_memory": 0.8, "eta_attn": 0.5, "eta_elementwise": None, "overhead_s": 1e-3,
          "allreduce_latency_s": 0.0}  # eta_elementwise None: DESIGN's formula has no elementwise term
 _ETA_X0 = 0.5  # where the fit starts an efficiency that has no starting value
+ETA_FIELDS = ("eta_compute", "eta_memory", "eta_attn", "eta_elementwise")  # the CostModel's efficiencies
 
 REFERENCE_MODEL = "llama-3-8b"  # overhead_s maps per-layer kernel floors onto this model's layers
 
@@ -220,7 +221,7 @@ def _predict(cases: pd.DataFrame, etas: dict, floors: KernelFloors) -> np.ndarra
 
     ``etas`` holds eta_compute, eta_memory, eta_attn and eta_elementwise (None: no elementwise term).
     """
-    eta_c, eta_m, eta_a, eta_e = (etas[k] for k in ("eta_compute", "eta_memory", "eta_attn", "eta_elementwise"))
+    eta_c, eta_m, eta_a, eta_e = (etas[k] for k in ETA_FIELDS)
     peak, bw = cases["peak_flops"].to_numpy(), cases["hbm_bytes_per_s"].to_numpy()
     gemm = np.maximum(cases["gemm_flops"].to_numpy() / (eta_c * peak), cases["gemm_bytes"].to_numpy() / (eta_m * bw))
     attn = np.maximum(cases["attn_flops"].to_numpy() / (eta_a * peak), cases["attn_bytes"].to_numpy() / (eta_m * bw))
@@ -232,6 +233,13 @@ def _predict(cases: pd.DataFrame, etas: dict, floors: KernelFloors) -> np.ndarra
 # -- the measured sets, as cases (descriptors, work, measured seconds) --------------------------------
 
 @lru_cache(maxsize=4)
+def _vidur_files(root: str) -> tuple[tuple[str, pd.DataFrame], ...]:
+    """(model name, raw frame) of every vidur per-layer profile, read once for the GEMM and elementwise sets."""
+    return tuple((path.parent.name, pd.read_csv(path))
+                 for path in sorted(Path(root, "vidur_h100").glob("*/*/mlp.csv")))
+
+
+@lru_cache(maxsize=4)
 def _vidur_cases(root: str) -> pd.DataFrame:
     """vidur: one layer's four GEMMs (QKV, output, gate+up, down) vs tokens and TP, summed per layer.
 
@@ -239,9 +247,7 @@ def _vidur_cases(root: str) -> pd.DataFrame:
     every model in the folder is used; biases (phi-2) are ignored. Attention is not in these files.
     """
     frames = []
-    for path in sorted(Path(root, "vidur_h100").glob("*/*/mlp.csv")):
-        raw = pd.read_csv(path)
-        name = path.parent.name
+    for name, raw in _vidur_files(root):
         for key, g in raw.groupby(["n_embd", "n_head", "n_kv_head", "n_expanded_embd", "use_gated_mlp",
                                    "vocab_size", "num_tensor_parallel_workers"]):
             d, heads, kv_heads, d_ff, gated, vocab, tp = key
@@ -274,9 +280,7 @@ def _vidur_elementwise_cases(root: str) -> pd.DataFrame:
     and partial RoPE, is left out.
     """
     frames = []
-    for path in sorted(Path(root, "vidur_h100").glob("*/*/mlp.csv")):
-        raw = pd.read_csv(path)
-        name = path.parent.name
+    for name, raw in _vidur_files(root):
         columns = [f"time_stats.{op}.median" for op in VIDUR_SMALL_OPS]
         if not set(columns) <= set(raw.columns) or not raw["use_gated_mlp"].all():
             continue
@@ -454,12 +458,17 @@ def _check_hardware(cost: CostModel):
 
 def _etas(cost: CostModel, kernels: str, own: OwnKernels | None) -> dict:
     """The efficiencies that predict a case timed with ``kernels`` ("vllm", "fp8" or "eager")."""
-    etas = {k: getattr(cost, k) for k in ("eta_compute", "eta_memory", "eta_attn", "eta_elementwise")}
+    etas = cost_etas(cost)
     if own is not None and kernels == "fp8":
         etas.update(eta_compute=own.eta_compute_fp8, eta_memory=own.eta_memory_fp8)
     if own is not None and kernels == "eager":
         etas.update(eta_attn=own.eager_eta_attn, eta_elementwise=own.eager_eta_elementwise)
     return etas
+
+
+def cost_etas(cost: CostModel) -> dict:
+    """``cost``'s efficiencies by field name (:data:`ETA_FIELDS`)."""
+    return {k: getattr(cost, k) for k in ETA_FIELDS}
 
 
 def _with_prediction(cases: pd.DataFrame, cost: CostModel, floors: KernelFloors,
@@ -657,18 +666,18 @@ def _fit_split(cases: pd.DataFrame) -> pd.DataFrame:
     return cases[cases["split"] == "fit"]
 
 
-def fit_eager(root=None, max_tokens: int = EAGER_FIT_MAX_TOKENS, fixed: dict | None = None):
+def fit_eager(root=None, max_tokens: int = EAGER_FIT_MAX_TOKENS, cost: CostModel | None = None):
     """Eager PyTorch's attention and elementwise efficiencies and floors, from LLMServingSim's profile.
 
-    Fitted on prompts of at most ``max_tokens`` tokens; ``fixed`` holds the other efficiencies (the
+    Fitted on prompts of at most ``max_tokens`` tokens; ``cost`` holds the other efficiencies (the
     CostModel's defaults when None). Returns ({"eta_attn": ..., "eta_elementwise": ...}, KernelFloors with
     only the two eager floors set).
     """
     cases = _llmservingsim_op_cases(str(measured_dir(root)))
     cases = cases[(cases["kernels"] == "eager") & (cases["tokens"] <= max_tokens)]
-    if fixed is None:
-        fixed = {k: DEFAULT_EFFICIENCY[k] for k in ("eta_compute", "eta_memory", "eta_attn", "eta_elementwise")}
-    return _fit_kernels(cases, ("eta_attn", "eta_elementwise"), ("eager_attn_s", "eager_elementwise_s"), fixed)
+    cost = cost or CostModel(get_hardware(HARDWARE), get_model(REFERENCE_MODEL))
+    return _fit_kernels(cases, ("eta_attn", "eta_elementwise"), ("eager_attn_s", "eager_elementwise_s"),
+                        cost_etas(cost))
 
 
 def fit(root=None) -> Calibration:
@@ -686,23 +695,21 @@ def fit(root=None) -> Calibration:
     root = str(measured_dir(root))
     vllm = pd.concat([_vidur_cases(root), _decode_cases(root), _prefill_cases(root), _vidur_elementwise_cases(root)],
                      ignore_index=True)
-    etas, floors = _fit_kernels(_fit_split(vllm), ("eta_compute", "eta_memory", "eta_attn", "eta_elementwise"),
-                                ("gemm_s", "decode_attn_s", "prefill_attn_s", "elementwise_s"))
-    fitted = dict(START, **etas)
+    etas, floors = _fit_kernels(_fit_split(vllm), ETA_FIELDS, ("gemm_s", "decode_attn_s", "prefill_attn_s",
+                                                                "elementwise_s"))
+    hw, model = get_hardware(HARDWARE), get_model(REFERENCE_MODEL)
+    overhead_s = model.layers * (len(VIDUR_GEMM_OPS) * floors.gemm_s + floors.decode_attn_s
+                                 + len(VIDUR_SMALL_OPS) * floors.elementwise_s)
+    after = CostModel(hw, model, overhead_s=overhead_s, **etas)
+
     fp8_etas, fp8_floors = _fit_kernels(_fit_split(_gemm_kernel_cases(root)), ("eta_compute", "eta_memory"),
-                                        ("gemm_fp8_s",), fitted)
-    eager_etas, eager_floors = fit_eager(root, fixed=fitted)
+                                        ("gemm_fp8_s",), cost_etas(after))
+    eager_etas, eager_floors = fit_eager(root, cost=after)
     floors = floors._replace(gemm_fp8_s=fp8_floors.gemm_fp8_s, eager_attn_s=eager_floors.eager_attn_s,
                              eager_elementwise_s=eager_floors.eager_elementwise_s)
     own = OwnKernels(fp8_etas["eta_compute"], fp8_etas["eta_memory"], eager_etas["eta_attn"],
                      eager_etas["eta_elementwise"])
 
-    layers = get_model(REFERENCE_MODEL).layers
-    overhead_s = layers * (len(VIDUR_GEMM_OPS) * floors.gemm_s + floors.decode_attn_s
-                           + len(VIDUR_SMALL_OPS) * floors.elementwise_s)
-
-    hw, model = get_hardware(HARDWARE), get_model(REFERENCE_MODEL)
-    after = CostModel(hw, model, overhead_s=overhead_s, **etas)
     ar = _allreduce_cases(root)
     after = after.replace(allreduce_latency_s=_fit_allreduce(_fit_split(ar), after))
     before = CostModel(hw, model, **START)

@@ -10,7 +10,7 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
-from ._data import DATA_DIR
+from ._data import read_presets
 from .cost import DEFAULT_EFFICIENCY
 from .hardware import get_hardware
 from .models import get_model
@@ -943,10 +943,6 @@ PARITY_DESCRIPTORS = ("model", "op", "geometry", "tp", "workers", "tokens", "bat
                       "size_bytes")  # the columns that name a measured case, in the order a label shows them
 
 
-def _shipped_calibration() -> pd.Series:
-    return pd.read_csv(DATA_DIR / "calibration.csv").set_index("name")["value"]
-
-
 def shipped_floors():
     """The per-kernel floors of ``data/calibration.csv`` as :class:`batchlab.calibrate.KernelFloors` (seconds).
 
@@ -955,16 +951,16 @@ def shipped_floors():
     """
     from . import calibrate
 
-    values = _shipped_calibration()
-    return calibrate.KernelFloors(*(float(values[f"kernel_floor_{k}"]) for k in calibrate.KernelFloors._fields))
+    values = read_presets("calibration.csv")
+    return calibrate.KernelFloors(*(float(values[f"kernel_floor_{k}"]["value"]) for k in calibrate.KernelFloors._fields))
 
 
 def shipped_own_kernels():
     """FP8's and eager PyTorch's efficiencies from ``data/calibration.csv``, as :class:`batchlab.calibrate.OwnKernels`."""
     from . import calibrate
 
-    values = _shipped_calibration()
-    return calibrate.OwnKernels(*(float(values[k]) for k in calibrate.OwnKernels._fields))
+    values = read_presets("calibration.csv")
+    return calibrate.OwnKernels(*(float(values[k]["value"]) for k in calibrate.OwnKernels._fields))
 
 
 def _stage_group(split: pd.Series) -> pd.Series:
@@ -1049,20 +1045,20 @@ def llmservingsim_forward(cost, root=None) -> pd.DataFrame:
     """
     from . import calibrate
 
-    raw = calibrate._llmservingsim_raw(str(calibrate.measured_dir(root)))
-    layers = get_model(calibrate.REFERENCE_MODEL).layers
-    measured_elem = layers * raw[list(calibrate.LLMSERVINGSIM_SMALL_OPS)].sum(axis=1) + raw["final_layernorm"]
-    step = calibrate.load_llmservingsim(cost, root)
-    step = step[step["set"] == "llmservingsim_step"]
-    tokens = step["tokens"].to_numpy()
-    cost = cost.replace(model=get_model(calibrate.REFERENCE_MODEL), dtype="bf16", kv_dtype="bf16", tp=1)
-    plain = cost.replace(eta_elementwise=None)
+    root = str(calibrate.measured_dir(root))
+    raw = calibrate._llmservingsim_raw(root)
+    measured = calibrate._llmservingsim_forward_s(root)
+    model = get_model(calibrate.REFERENCE_MODEL)
+    measured_elem = model.layers * raw[list(calibrate.LLMSERVINGSIM_SMALL_OPS)].sum(axis=1) + raw["final_layernorm"]
+    cost = cost.replace(model=model, dtype="bf16", kv_dtype="bf16", tp=1)
+    parts = [cost.step_breakdown([(int(t), 0)]) for t in measured.index]
+    predicted = np.array([p.total_s for p in parts])
+    elementwise = np.array([p.elementwise_s for p in parts])
     return pd.DataFrame({
-        "tokens": tokens, "measured_s": step["measured_s"].to_numpy(),
-        "measured_elementwise_s": measured_elem.reindex(tokens.astype(int)).to_numpy(),
-        "predicted_s": step["predicted_s"].to_numpy(),
-        "predicted_elementwise_s": [cost.step_breakdown([(int(t), 0)]).elementwise_s for t in tokens],
-        "predicted_without_elementwise_s": [plain.prefill_time(int(t)) for t in tokens],
+        "tokens": measured.index.to_numpy(dtype=np.float64), "measured_s": measured.to_numpy(),
+        "measured_elementwise_s": measured_elem.reindex(measured.index).to_numpy(),
+        "predicted_s": predicted, "predicted_elementwise_s": elementwise,
+        "predicted_without_elementwise_s": predicted - elementwise,
     })
 
 
@@ -1076,8 +1072,7 @@ def eager_holdout_error(cost, max_tokens: int, root=None) -> pd.Series:
     """
     from . import calibrate
 
-    etas, floors = calibrate.fit_eager(root, max_tokens, {k: getattr(cost, k) for k in
-                                                          ("eta_compute", "eta_memory", "eta_attn", "eta_elementwise")})
+    etas, floors = calibrate.fit_eager(root, max_tokens, cost)
     own = shipped_own_kernels()._replace(eager_eta_attn=etas["eta_attn"], eager_eta_elementwise=etas["eta_elementwise"])
     frame = calibrate.load_llmservingsim(cost, root, floors, own)
     frame = frame[frame["set"].isin(["llmservingsim_attn", "llmservingsim_elementwise"]) & (frame["tokens"] > max_tokens)]

@@ -36,6 +36,13 @@ def _blocks(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size)
 
 
+def _idle(arrivals: deque, waiting: deque, running: list, now: float) -> bool:
+    """Queue every request that has arrived by ``now``; True if nothing is running or waiting."""
+    while arrivals and arrivals[0].arrival <= now:
+        waiting.append(arrivals.popleft())
+    return not running and not waiting
+
+
 def _emit(r: Req, now: float) -> bool:
     """Sample a token if every known token is computed; True when the request is done."""
     if r.computed != r.known:
@@ -119,9 +126,7 @@ def _orca(live, cost, max_num_seqs, budget, prefill_only_steps, usable, block_si
     waiting, running = deque(), []
     done = 0
     while done < len(live):
-        while arrivals and arrivals[0].arrival <= now:
-            waiting.append(arrivals.popleft())
-        if not running and not waiting:
+        if _idle(arrivals, waiting, running, now):
             now = arrivals[0].arrival
             continue
         new, prompt_sum = [], 0
@@ -165,9 +170,7 @@ def _vllm_v1(live, cost, max_num_seqs, budget, threshold, chunking, usable, bloc
         return True
 
     while done < len(live):
-        while arrivals and arrivals[0].arrival <= now:
-            waiting.append(arrivals.popleft())
-        if not running and not waiting:
+        if _idle(arrivals, waiting, running, now):
             now = arrivals[0].arrival
             continue
         scheduled = []  # (request, tokens)

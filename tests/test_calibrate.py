@@ -24,14 +24,6 @@ DIAGNOSTIC_FLOORS = {
 
 
 @pytest.fixture(scope="module")
-def measured():
-    try:
-        return calibrate.measured_dir()
-    except FileNotFoundError as err:
-        pytest.fail(f"cannot check the calibration: {err}", pytrace=False)
-
-
-@pytest.fixture(scope="module")
 def cal(measured):
     return calibrate.fit(measured)
 

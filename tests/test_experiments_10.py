@@ -12,14 +12,6 @@ from batchlab._data import DATA_DIR
 
 
 @pytest.fixture(scope="module")
-def measured():
-    try:
-        return calibrate.measured_dir()
-    except FileNotFoundError as err:
-        pytest.fail(f"notebook 10 needs the measured timings: {err}", pytrace=False)
-
-
-@pytest.fixture(scope="module")
 def costs():
     after = bl.CostModel(bl.get_hardware("h100-sxm"), bl.get_model("llama-3-8b"))
     return after.replace(**calibrate.START), after
