@@ -1,0 +1,65 @@
+"""Behaviour pinned across refactors: every policy on the book's workloads gives bit-identical summaries.
+
+``tests/golden/summaries.json`` was written before the package layout moved (issue 9) by
+``python tests/test_golden_summaries.py --write``; a refactor that changes any number fails here. A change of
+behaviour on purpose rewrites the file in the same commit and says why.
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+import batchlab as bl
+
+GOLDEN = Path(__file__).resolve().parent / "golden" / "summaries.json"
+N_REQUESTS = 500
+WORKLOADS = {  # preset -> arrival rate (req/s); None keeps the trace's own
+    "azure-conv-2023": None, "azure-code-2023": None, "mooncake-conversation": 0.5, "sharegpt": None,
+    "arxiv-summarization": 2.0,
+}
+CONFIGS = {
+    "static": ("static", {"batch_size": 32}),
+    "dynamic": ("dynamic", {"batch_size": 32, "max_queue_delay_s": 0.05}),
+    "continuous": ("continuous", {"max_num_seqs": 256}),
+    "continuous-v0": ("continuous", {"max_num_seqs": 256, "prefill_only_steps": True,
+                                     "max_num_batched_tokens": 16384}),
+    "chunked": ("chunked", {}),
+    "chunked-small-pool": ("chunked", {"max_num_seqs": 128, "max_num_batched_tokens": 512, "num_kv_blocks": 700}),
+    "chunked-threshold": ("chunked", {"max_num_batched_tokens": 2048, "long_prefill_token_threshold": 256}),
+    "chunked-unchunked": ("chunked", {"max_num_batched_tokens": 16384, "enable_chunked_prefill": False}),
+}
+
+
+def _summaries() -> dict:
+    cost = bl.CostModel(bl.get_hardware("h100-sxm"), bl.get_model("llama-3-8b"))
+    out = {}
+    for workload, rate in WORKLOADS.items():
+        reqs = bl.preset(workload, N_REQUESTS, rate, seed=7)
+        for name, (policy, knobs) in CONFIGS.items():
+            out[f"{workload}/{name}"] = _summary(policy, knobs, cost, reqs)
+    return out
+
+
+def _summary(policy, knobs, cost, reqs) -> dict:
+    summary = bl.simulate(reqs, policy, cost, **knobs).summary()
+    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in summary.items()}
+
+
+@pytest.mark.parametrize("key", sorted(json.loads(GOLDEN.read_text())) if GOLDEN.is_file() else [])
+def test_summary_unchanged(key, summaries):
+    golden = json.loads(GOLDEN.read_text())[key]
+    assert summaries[key] == golden
+
+
+@pytest.fixture(scope="module")
+def summaries():
+    return _summaries()
+
+
+if __name__ == "__main__" and "--write" in sys.argv:
+    GOLDEN.write_text(json.dumps(_summaries(), indent=1, sort_keys=True) + "\n")
+    print(f"wrote {GOLDEN}")
