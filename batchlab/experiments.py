@@ -195,7 +195,7 @@ def policy_grid(cost, workload: str, n: int, rates, *, batch_size: int = 32, del
             + [(p, float("nan"), vllm_defaults(cost.hardware)) for p in iteration])
     rows = []
     for label, rate in labelled:
-        stream = preset(workload, n, rate=float(rate), seed=seed)
+        stream = preset(workload, n, rate_req_s=float(rate), seed=seed)
         for policy, delay, knobs in runs:
             res = simulate(stream, policy, cost, **knobs)
             summ = res.summary()
@@ -264,7 +264,7 @@ def last_finish_by_seed(cost, workload: str, n: int, rate: float, seeds, *, slot
 
     rows = {}
     for seed in seeds:
-        runs = timeline_runs(cost, preset(workload, n, rate=rate, seed=int(seed)), slots=slots,
+        runs = timeline_runs(cost, preset(workload, n, rate_req_s=rate, seed=int(seed)), slots=slots,
                              max_queue_delay_s=max_queue_delay_s)
         rows[int(seed)] = {p: float(r.requests["finish_s"].max()) for p, r in runs.items()}
     return pd.DataFrame.from_dict(rows, orient="index").rename_axis("seed")
@@ -791,7 +791,7 @@ def mixing_comparison(preset_name: str, n: int, rates, cost, *, budget: int = 20
     """
     rows = []
     for rate in rates:
-        stream = preset(preset_name, n, rate=float(rate), seed=seed)
+        stream = preset(preset_name, n, rate_req_s=float(rate), seed=seed)
         for label, (policy, knobs) in (policies or MIXING_POLICIES).items():
             extra = {"max_num_batched_tokens": budget} if policy == "chunked" else {}
             res = simulate(stream, policy, cost, **knobs, **extra)
@@ -806,11 +806,11 @@ def saturation_rate(cost, workload: str, n_requests: int, *, seed=0, **knobs) ->
     """Requests/s the server completes when every request of a real-trace preset is queued at time 0 (notebook 08).
 
     The capacity that request rates are expressed against: ``request_throughput`` of one ``chunked`` run of
-    ``preset(workload, n_requests, rate=inf, seed=seed)`` with ``knobs`` (vLLM's defaults for the GPU if none).
+    ``preset(workload, n_requests, rate_req_s=inf, seed=seed)`` with ``knobs`` (vLLM's defaults for the GPU if none).
     The drain at the end of the run, when fewer requests are left than the batch holds, is included, so this
     is slightly below the steady-state capacity.
     """
-    stream = preset(workload, n_requests, rate=np.inf, seed=seed)
+    stream = preset(workload, n_requests, rate_req_s=np.inf, seed=seed)
     return float(simulate(stream, "chunked", cost, **knobs).summary()["request_throughput"])
 
 
@@ -844,7 +844,7 @@ def two_knob_sweep(cost, workload: str, rates, max_num_seqs, max_num_batched_tok
     """
     grid = {"max_num_seqs": [int(s) for s in max_num_seqs],
             "max_num_batched_tokens": [int(t) for t in max_num_batched_tokens]}
-    parts = [sweep(preset(workload, n_requests, rate=float(rate), seed=seed), grid, cost, policy="chunked",
+    parts = [sweep(preset(workload, n_requests, rate_req_s=float(rate), seed=seed), grid, cost, policy="chunked",
                    executor=executor, progress=False).assign(rate=float(rate)) for rate in rates]
     df = pd.concat(parts, ignore_index=True)
     df["vllm_refuses"] = df["max_num_batched_tokens"] < df["max_num_seqs"]
@@ -1138,7 +1138,7 @@ def vllm_v060_runs(cost, rates, *, n_requests: int = 500, seed=0, lengths: str =
 
     rows = []
     for rate in rates:
-        stream = preset("sharegpt", n_requests, rate=float(rate), seed=seed)
+        stream = preset("sharegpt", n_requests, rate_req_s=float(rate), seed=seed)
         if lengths == "blog":
             stream = match_means(stream, PUBLISHED_VLLM_V060["prompt_tokens_mean"],
                                  PUBLISHED_VLLM_V060["output_tokens_mean"])

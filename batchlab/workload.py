@@ -77,7 +77,7 @@ class Requests:
         return int(self.arrival_s.size)
 
     @property
-    def n(self) -> int:
+    def n_requests(self) -> int:
         """Number of requests."""
         return int(self.arrival_s.size)
 
@@ -86,9 +86,10 @@ class Requests:
         return pd.DataFrame({"arrival_s": self.arrival_s, "prompt_tokens": self.prompt_tokens,
                              "output_tokens": self.output_tokens})
 
-    def head(self, n: int) -> "Requests":
-        """The first ``n`` requests."""
-        return Requests(self.arrival_s[:n], self.prompt_tokens[:n], self.output_tokens[:n])
+    def head(self, n_requests: int) -> "Requests":
+        """The first ``n_requests`` requests."""
+        k = n_requests
+        return Requests(self.arrival_s[:k], self.prompt_tokens[:k], self.output_tokens[:k])
 
     def scale_time(self, speedup: float) -> "Requests":
         """The same stream with arrivals ``speedup`` times faster (rate times ``speedup``)."""
@@ -99,88 +100,88 @@ class Requests:
 
 # -- lengths -------------------------------------------------------------------------------------
 
-def lengths_lognormal(n: int, mean: float, cv: float, seed=0, max_tokens: int | None = None) -> np.ndarray:
-    """``n`` token counts from a lognormal with the given mean and coefficient of variation.
+def lengths_lognormal(n_requests: int, mean: float, cv: float, seed=0, max_tokens: int | None = None) -> np.ndarray:
+    """``n_requests`` token counts from a lognormal with the given mean and coefficient of variation.
 
     ``cv = 0`` gives every request exactly ``round(mean)`` tokens. Values are rounded and clipped to
     [1, ``max_tokens``].
     """
-    _check_count(n)
+    _check_count(n_requests)
     if not (mean >= 1 and math.isfinite(mean)):
         raise ValueError(f"mean must be a finite number of tokens >= 1, got {mean!r}")
     if not (cv >= 0 and math.isfinite(cv)):
         raise ValueError(f"cv must be a finite number >= 0, got {cv!r}")
     rng = _rng(seed)
     if cv == 0:
-        x = np.full(n, float(mean))
+        x = np.full(n_requests, float(mean))
     else:
         sigma2 = math.log1p(cv * cv)
-        x = rng.lognormal(math.log(mean) - sigma2 / 2, math.sqrt(sigma2), n)
+        x = rng.lognormal(math.log(mean) - sigma2 / 2, math.sqrt(sigma2), n_requests)
     hi = np.inf if max_tokens is None else max_tokens
     return np.clip(np.rint(x), 1, hi).astype(np.int64)
 
 
-def lengths_uniform(n: int, low: int, high: int, seed=0) -> np.ndarray:
-    """``n`` token counts uniform on the integers [low, high]."""
-    _check_count(n)
+def lengths_uniform(n_requests: int, low: int, high: int, seed=0) -> np.ndarray:
+    """``n_requests`` token counts uniform on the integers [low, high]."""
+    _check_count(n_requests)
     if not (1 <= low <= high):
         raise ValueError(f"low and high must satisfy 1 <= low <= high, got {low!r}, {high!r}")
-    return _rng(seed).integers(low, high + 1, n).astype(np.int64)
+    return _rng(seed).integers(low, high + 1, n_requests).astype(np.int64)
 
 
-def lengths_empirical(n: int, quantiles, seed=0) -> np.ndarray:
-    """``n`` token counts by inverse CDF from a table of equally spaced quantiles (q0 = min ... q1 = max)."""
-    _check_count(n)
+def lengths_empirical(n_requests: int, quantiles, seed=0) -> np.ndarray:
+    """``n_requests`` token counts by inverse CDF from a table of equally spaced quantiles (q0 = min ... q1 = max)."""
+    _check_count(n_requests)
     q = np.asarray(quantiles, dtype=np.float64)
     if q.ndim != 1 or q.size < 2 or (np.diff(q) < 0).any() or q[0] < 1:
         raise ValueError("quantiles must be a non-decreasing array of at least two token counts >= 1")
-    u = _rng(seed).random(n)
+    u = _rng(seed).random(n_requests)
     grid = np.linspace(0.0, 1.0, q.size)
     return np.clip(np.rint(np.interp(u, grid, q)), 1, None).astype(np.int64)
 
 
 # -- arrivals ------------------------------------------------------------------------------------
 
-def arrivals_gamma(n: int, rate: float, cv: float = 1.0, seed=0) -> np.ndarray:
-    """Arrival times (s) of a renewal process with gamma inter-arrivals of mean 1/rate and CV ``cv``.
+def arrivals_gamma(n_requests: int, rate_req_s: float, cv: float = 1.0, seed=0) -> np.ndarray:
+    """Arrival times (s) of a renewal process with gamma inter-arrivals of mean 1 / ``rate_req_s`` seconds and CV ``cv``.
 
-    ``cv = 1`` is Poisson; ``cv > 1`` is bursty; ``cv = 0`` is evenly spaced; ``rate = inf`` puts every
+    ``cv = 1`` is Poisson; ``cv > 1`` is bursty; ``cv = 0`` is evenly spaced; ``rate_req_s = inf`` puts every
     request at time 0. The first request arrives at 0.
     """
-    _check_count(n)
-    if not rate > 0:
-        raise ValueError(f"rate must be > 0 requests/s (inf for all at once), got {rate!r}")
+    _check_count(n_requests)
+    if not rate_req_s > 0:
+        raise ValueError(f"rate_req_s must be > 0 requests/s (inf for all at once), got {rate_req_s!r}")
     if not (cv >= 0 and math.isfinite(cv)):
         raise ValueError(f"cv must be a finite number >= 0, got {cv!r}")
-    if math.isinf(rate):
-        return np.zeros(n)
+    if math.isinf(rate_req_s):
+        return np.zeros(n_requests)
     rng = _rng(seed)
     if cv == 0:
-        gaps = np.full(n - 1, 1.0 / rate)
+        gaps = np.full(n_requests - 1, 1.0 / rate_req_s)
     else:
         shape = 1.0 / (cv * cv)
-        gaps = rng.gamma(shape, 1.0 / (rate * shape), n - 1)
+        gaps = rng.gamma(shape, 1.0 / (rate_req_s * shape), n_requests - 1)
     return np.concatenate([[0.0], np.cumsum(gaps)])
 
 
-def arrivals_poisson(n: int, rate: float, seed=0) -> np.ndarray:
+def arrivals_poisson(n_requests: int, rate_req_s: float, seed=0) -> np.ndarray:
     """Arrival times (s) of a Poisson process of ``rate`` requests/s, first at 0."""
-    return arrivals_gamma(n, rate, 1.0, seed)
+    return arrivals_gamma(n_requests, rate_req_s, 1.0, seed)
 
 
-def synthetic(n: int, prompt_mean: float, output_mean: float, prompt_cv: float = 0.0, output_cv: float = 0.0,
-              rate: float = math.inf, arrival_cv: float = 1.0, seed=0, max_tokens: int | None = None) -> Requests:
+def synthetic(n_requests: int, prompt_mean: float, output_mean: float, prompt_cv: float = 0.0, output_cv: float = 0.0,
+              rate_req_s: float = math.inf, arrival_cv: float = 1.0, seed=0, max_tokens: int | None = None) -> Requests:
     """A synthetic stream: lognormal prompt and output lengths, gamma arrivals.
 
     Parameters
     ----------
-    n : int
+    n_requests : int
         Requests.
     prompt_mean, output_mean : float
         Mean tokens per prompt and per output.
     prompt_cv, output_cv : float
         Coefficients of variation of the lengths (0 = all equal).
-    rate : float
+    rate_req_s : float
         Mean arrival rate in requests/s (inf = everything at time 0).
     arrival_cv : float
         CV of inter-arrival gaps (1 = Poisson, > 1 bursty).
@@ -189,20 +190,20 @@ def synthetic(n: int, prompt_mean: float, output_mean: float, prompt_cv: float =
         Upper clip of each length.
     """
     rng = _rng(seed)
-    prompt = lengths_lognormal(n, prompt_mean, prompt_cv, rng, max_tokens)
-    output = lengths_lognormal(n, output_mean, output_cv, rng, max_tokens)
-    arrival = arrivals_gamma(n, rate, arrival_cv, rng)
+    prompt = lengths_lognormal(n_requests, prompt_mean, prompt_cv, rng, max_tokens)
+    output = lengths_lognormal(n_requests, output_mean, output_cv, rng, max_tokens)
+    arrival = arrivals_gamma(n_requests, rate_req_s, arrival_cv, rng)
     return Requests(arrival, prompt, output)
 
 
-def fixed(n: int, prompt_tokens: int, output_tokens: int, rate: float = math.inf, seed=0) -> Requests:
-    """``n`` identical requests, Poisson arrivals at ``rate`` (inf: all at time 0)."""
-    return synthetic(n, prompt_tokens, output_tokens, rate=rate, seed=seed)
+def fixed(n_requests: int, prompt_tokens: int, output_tokens: int, rate_req_s: float = math.inf, seed=0) -> Requests:
+    """``n_requests`` identical requests, Poisson arrivals at ``rate_req_s`` req/s (inf: all at time 0)."""
+    return synthetic(n_requests, prompt_tokens, output_tokens, rate_req_s=rate_req_s, seed=seed)
 
 
-def _check_count(n) -> None:
-    if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:
-        raise ValueError(f"n must be an integer >= 1, got {n!r}")
+def _check_count(n_requests) -> None:
+    if not isinstance(n_requests, (int, np.integer)) or isinstance(n_requests, bool) or n_requests < 1:
+        raise ValueError(f"n_requests must be an integer >= 1, got {n_requests!r}")
 
 
 # -- traces --------------------------------------------------------------------------------------
@@ -290,8 +291,8 @@ def trace_stats(name: str) -> dict:
     return out
 
 
-def preset(name: str, n: int, rate: float | None = None, seed=0) -> Requests:
-    """``n`` requests shaped like the real trace ``name``.
+def preset(name: str, n_requests: int, rate_req_s: float | None = None, seed=0) -> Requests:
+    """``n_requests`` requests shaped like the real trace ``name``.
 
     Prompt and output lengths are drawn independently, each by inverse CDF from the trace's 101 length quantiles
     (linear between them, see :func:`lengths_empirical`); the pairing of a prompt with its output in the trace is
@@ -302,9 +303,9 @@ def preset(name: str, n: int, rate: float | None = None, seed=0) -> Requests:
     name : str
         One of :func:`preset_names`: ``azure-code-2023``, ``azure-conv-2023``, ``mooncake-conversation``,
         ``sharegpt`` (its arrivals were synthetic Poisson at 10 req/s), ``arxiv-summarization`` (no timestamps).
-    n : int
+    n_requests : int
         Requests.
-    rate : float, optional
+    rate_req_s : float, optional
         Mean arrival rate in requests/s (inf = everything at time 0). Defaults to the trace's own rate; required
         for ``arxiv-summarization``, whose arrivals are then Poisson (CV 1).
     seed : int or numpy.random.Generator
@@ -312,20 +313,20 @@ def preset(name: str, n: int, rate: float | None = None, seed=0) -> Requests:
     Raises
     ------
     ValueError
-        Unknown ``name``; bad ``n``, ``rate`` or ``seed``; ``rate`` missing for a trace without timestamps.
+        Unknown ``name``; bad ``n_requests``, ``rate_req_s`` or ``seed``; ``rate_req_s`` missing for a trace without timestamps.
     """
     row = _preset_row(name)
-    _check_count(n)
+    _check_count(n_requests)
     trace_rate, cv = float(row["rate_req_per_s"]), float(row["interarrival_cv"])
-    if rate is None:
+    if rate_req_s is None:
         if not math.isfinite(trace_rate):
             raise ValueError(f"preset {name!r} comes from a trace without timestamps, so it has no arrival rate: "
-                             f"pass rate= (requests/s)")
-        rate = trace_rate
+                             f"pass rate_req_s= (requests/s)")
+        rate_req_s = trace_rate
     if not math.isfinite(cv):
         cv = 1.0  # no timestamps to measure burstiness from: Poisson
     rng = _rng(seed)
-    prompt = lengths_empirical(n, _preset_quantiles(row, "prompt_tokens"), rng)
-    output = lengths_empirical(n, _preset_quantiles(row, "output_tokens"), rng)
-    arrival = arrivals_gamma(n, rate, cv, rng)
+    prompt = lengths_empirical(n_requests, _preset_quantiles(row, "prompt_tokens"), rng)
+    output = lengths_empirical(n_requests, _preset_quantiles(row, "output_tokens"), rng)
+    arrival = arrivals_gamma(n_requests, rate_req_s, cv, rng)
     return Requests(arrival, prompt, output)

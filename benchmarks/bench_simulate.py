@@ -95,7 +95,7 @@ def best_of(fn, repeat=3):
 
 def main():
     cost = bl.CostModel(bl.get_hardware("h100-sxm"), bl.get_model("llama-3-8b"))
-    reqs = bl.synthetic(N_REQUESTS, 1000, 250, prompt_cv=1.0, output_cv=1.0, rate=40.0, seed=0)
+    reqs = bl.synthetic(N_REQUESTS, 1000, 250, prompt_cv=1.0, output_cv=1.0, rate_req_s=40.0, seed=0)
     small = reqs.head(N_REFERENCE)
     bare_args = (reqs.arrival_s, reqs.prompt_tokens, reqs.output_tokens, 256)
     bare_loop(*(a[:10] if isinstance(a, np.ndarray) else a for a in bare_args))  # compile outside the timing

@@ -15,7 +15,7 @@ GRID = {"max_num_seqs": [8, 16, 32, 64, 128, 256, 512, 1024],
 
 def main():
     cost = bl.CostModel(bl.get_hardware("h100-sxm"), bl.get_model("llama-3-8b"))
-    reqs = bl.synthetic(2000, 1000, 250, prompt_cv=1.0, output_cv=1.0, rate=20.0, seed=0)
+    reqs = bl.synthetic(2000, 1000, 250, prompt_cv=1.0, output_cv=1.0, rate_req_s=20.0, seed=0)
     bl.simulate(reqs.head(20), "chunked", cost)  # load the kernel outside the timing
     t0 = time.perf_counter()
     serial = bl.sweep(reqs, GRID, cost, progress=False)

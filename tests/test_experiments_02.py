@@ -36,7 +36,7 @@ def test_idle_while_waiting_closed_forms():
 
 
 def test_idle_while_waiting_on_real_runs(cost):
-    stream = bl.synthetic(200, 256, 64, prompt_cv=0.5, output_cv=1.0, rate=2.0, seed=1)
+    stream = bl.synthetic(200, 256, 64, prompt_cv=0.5, output_cv=1.0, rate_req_s=2.0, seed=1)
     frac = {}
     for policy, knobs in [("static", {"batch_size": 8}), ("dynamic", {"batch_size": 8, "max_queue_delay_s": 0.2}),
                           ("continuous", {}), ("chunked", {})]:
@@ -49,7 +49,7 @@ def test_idle_while_waiting_on_real_runs(cost):
 
 
 def test_dynamic_idles_at_most_one_timer_per_batch(cost):
-    stream = bl.synthetic(300, 256, 32, prompt_cv=0.5, output_cv=1.0, rate=1.0, seed=2)
+    stream = bl.synthetic(300, 256, 32, prompt_cv=0.5, output_cv=1.0, rate_req_s=1.0, seed=2)
     delay = 0.3
     res = bl.simulate(stream, "dynamic", cost, batch_size=16, max_queue_delay_s=delay)
     batches = int((res.steps["prefill_tokens"] > 0).sum())

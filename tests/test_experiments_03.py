@@ -15,7 +15,7 @@ def cost():
 
 @pytest.fixture(scope="module")
 def stream():
-    return bl.preset("azure-conv-2023", 12, rate=4.0, seed=0)
+    return bl.preset("azure-conv-2023", 12, rate_req_s=4.0, seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +74,7 @@ def test_timeline_summary_orders_the_policies(runs):
 def test_last_finish_by_seed_matches_single_runs(cost):
     check = experiments.last_finish_by_seed(cost, "azure-conv-2023", 12, 4.0, [0, 5], slots=4)
     assert list(check.index) == [0, 5] and list(check.columns) == ["static", "dynamic", "continuous"]
-    one = experiments.timeline_runs(cost, bl.preset("azure-conv-2023", 12, rate=4.0, seed=5), slots=4)
+    one = experiments.timeline_runs(cost, bl.preset("azure-conv-2023", 12, rate_req_s=4.0, seed=5), slots=4)
     assert check.loc[5, "dynamic"] == one["dynamic"].requests["finish_s"].max()
     # With one slot continuous batching is first come, first served, like lockstep batches of one.
     solo = experiments.last_finish_by_seed(cost, "azure-conv-2023", 12, 4.0, [1], slots=1)

@@ -11,7 +11,7 @@ from batchlab import experiments
 
 @pytest.fixture(scope="module")
 def stream():
-    return bl.preset("azure-conv-2023", 300, rate=float("inf"), seed=1)
+    return bl.preset("azure-conv-2023", 300, rate_req_s=float("inf"), seed=1)
 
 
 def test_step_kinds_closed_form():

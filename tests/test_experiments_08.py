@@ -113,6 +113,6 @@ def test_two_knob_sweep_is_the_same_on_an_executor(cost8b, small_sweep):
 
 def test_saturation_rate_is_the_queued_run_throughput(cost8b):
     cap = ex.saturation_rate(cost8b, "azure-conv-2023", 300, seed=2)
-    res = bl.simulate(bl.preset("azure-conv-2023", 300, rate=np.inf, seed=2), "chunked", cost8b)
+    res = bl.simulate(bl.preset("azure-conv-2023", 300, rate_req_s=np.inf, seed=2), "chunked", cost8b)
     assert cap == pytest.approx(300 / res.requests["finish_s"].max())
     assert ex.saturation_rate(cost8b, "azure-conv-2023", 300, seed=2, max_num_seqs=8) < cap / 2

@@ -85,7 +85,7 @@ def test_shipped_own_kernels_are_the_csv_rows():
 
 
 def test_match_means_hits_the_targets_and_keeps_arrivals():
-    stream = bl.preset("sharegpt", 2000, rate=5.0, seed=1)
+    stream = bl.preset("sharegpt", 2000, rate_req_s=5.0, seed=1)
     matched = experiments.match_means(stream, 202.0, 179.0)
     assert abs(matched.prompt_tokens.mean() - 202.0) < 0.5 and abs(matched.output_tokens.mean() - 179.0) < 0.5
     assert (matched.arrival_s == stream.arrival_s).all() and matched.prompt_tokens.min() >= 1

@@ -41,7 +41,7 @@ def test_itl_never_spans_two_requests():
 
 
 def test_goodput(cost8b):
-    res = bl.simulate(bl.fixed(50, 500, 50, rate=20.0, seed=1), "chunked", cost8b)
+    res = bl.simulate(bl.fixed(50, 500, 50, rate_req_s=20.0, seed=1), "chunked", cost8b)
     s = res.summary()
     assert res.goodput(ttft_s=1e3, tpot_s=1e3) == pytest.approx(s["request_throughput"])
     assert res.goodput(ttft_s=1e-9) == 0.0
@@ -57,7 +57,7 @@ def test_aggregates_over_nothing_are_zero(cost8b):
 
 
 def test_step_utilisation_is_a_fraction_of_peak(cost8b):
-    res = bl.simulate(bl.synthetic(200, 2000, 200, 1.0, 1.0, rate=20.0, seed=2), "chunked", cost8b)
+    res = bl.simulate(bl.synthetic(200, 2000, 200, 1.0, 1.0, rate_req_s=20.0, seed=2), "chunked", cost8b)
     st = res.steps
     assert (st.compute_util > 0).all() and (st.compute_util <= max(cost8b.eta_compute, cost8b.eta_attn) + 1e-9).all()
     assert (st.bandwidth_util > 0).all() and (st.bandwidth_util <= cost8b.eta_memory + 1e-9).all()

@@ -39,7 +39,7 @@ def test_kernel_matches_reference(cost8b, policy, data):
 
 @pytest.mark.parametrize("policy", bl.POLICIES)
 def test_kernel_matches_reference_on_a_larger_realistic_stream(cost8b, policy):
-    requests = bl.synthetic(300, 600, 120, prompt_cv=1.0, output_cv=1.0, rate=30.0, seed=7)
+    requests = bl.synthetic(300, 600, 120, prompt_cv=1.0, output_cv=1.0, rate_req_s=30.0, seed=7)
     k = {"block_size": 16, "num_kv_blocks": 700}
     if policy in ("static", "dynamic"):
         k["batch_size"] = 16

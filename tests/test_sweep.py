@@ -12,7 +12,7 @@ GRID = {"max_num_seqs": [4, 32, 128], "max_num_batched_tokens": [256, 2048]}
 
 @pytest.fixture(scope="module")
 def stream():
-    return bl.synthetic(300, 800, 120, prompt_cv=1.0, output_cv=1.0, rate=20.0, seed=5)
+    return bl.synthetic(300, 800, 120, prompt_cv=1.0, output_cv=1.0, rate_req_s=20.0, seed=5)
 
 
 def test_serial_process_pool_and_dask_agree(stream, cost8b):

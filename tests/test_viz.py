@@ -24,7 +24,7 @@ def cost():
 
 @pytest.fixture(scope="module")
 def runs(cost):
-    stream = bl.synthetic(12, 512, 48, prompt_cv=0.5, output_cv=1.0, rate=20.0, seed=3)
+    stream = bl.synthetic(12, 512, 48, prompt_cv=0.5, output_cv=1.0, rate_req_s=20.0, seed=3)
     return [bl.simulate(stream, "static", cost, batch_size=4),
             bl.simulate(stream, "continuous", cost, max_num_seqs=8),
             bl.simulate(stream, "chunked", cost, max_num_seqs=8, max_num_batched_tokens=256)]

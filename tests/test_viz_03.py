@@ -13,7 +13,7 @@ from spec_helpers import marks, walk
 @pytest.fixture(scope="module")
 def runs():
     cost = bl.CostModel(bl.get_hardware("h100-sxm"), bl.get_model("llama-3-8b"))
-    return experiments.timeline_runs(cost, bl.preset("azure-conv-2023", 12, rate=4.0, seed=0), slots=4)
+    return experiments.timeline_runs(cost, bl.preset("azure-conv-2023", 12, rate_req_s=4.0, seed=0), slots=4)
 
 
 @pytest.fixture(scope="module")

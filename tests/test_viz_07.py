@@ -12,7 +12,7 @@ from spec_helpers import marks, titles, walk
 
 @pytest.fixture(scope="module")
 def stream():
-    return bl.preset("azure-conv-2023", 200, rate=float("inf"), seed=2)
+    return bl.preset("azure-conv-2023", 200, rate_req_s=float("inf"), seed=2)
 
 
 def test_utilisation_chart(cost8b, stream):

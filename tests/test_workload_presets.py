@@ -71,7 +71,7 @@ def test_preset_names():
 
 @pytest.mark.parametrize("name", PRESETS)
 def test_lengths_match_trace_median_and_p90(name):
-    r = bl.preset(name, N, rate=1.0, seed=0)
+    r = bl.preset(name, N, rate_req_s=1.0, seed=0)
     ref = reference(name)
     got = {"prompt_tokens_median": np.median(r.prompt_tokens), "prompt_tokens_p90": np.quantile(r.prompt_tokens, 0.9),
            "output_tokens_median": np.median(r.output_tokens), "output_tokens_p90": np.quantile(r.output_tokens, 0.9)}
@@ -133,9 +133,9 @@ def test_table_layout():
 
 
 def test_arxiv_needs_a_rate_and_is_poisson():
-    with pytest.raises(ValueError, match="rate="):
+    with pytest.raises(ValueError, match="rate_req_s="):
         bl.preset("arxiv-summarization", 10)
-    r = bl.preset("arxiv-summarization", N, rate=4.0, seed=3)
+    r = bl.preset("arxiv-summarization", N, rate_req_s=4.0, seed=3)
     gaps = np.diff(r.arrival_s)
     assert 1.0 / gaps.mean() == pytest.approx(4.0, rel=0.02)
     assert gaps.std() / gaps.mean() == pytest.approx(1.0, rel=0.02)
@@ -143,19 +143,19 @@ def test_arxiv_needs_a_rate_and_is_poisson():
 
 
 def test_explicit_rate_overrides_the_trace_rate():
-    r = bl.preset("azure-conv-2023", N, rate=20.0, seed=0)
+    r = bl.preset("azure-conv-2023", N, rate_req_s=20.0, seed=0)
     assert 1.0 / np.diff(r.arrival_s).mean() == pytest.approx(20.0, rel=0.02)
-    assert (bl.preset("sharegpt", 50, rate=math.inf).arrival_s == 0).all()
+    assert (bl.preset("sharegpt", 50, rate_req_s=math.inf).arrival_s == 0).all()
 
 
 @pytest.mark.parametrize("name", PRESETS)
 def test_same_seed_same_stream(name):
-    a, b = bl.preset(name, 1000, rate=2.0, seed=7), bl.preset(name, 1000, rate=2.0, seed=7)
-    c = bl.preset(name, 1000, rate=2.0, seed=8)
+    a, b = bl.preset(name, 1000, rate_req_s=2.0, seed=7), bl.preset(name, 1000, rate_req_s=2.0, seed=7)
+    c = bl.preset(name, 1000, rate_req_s=2.0, seed=8)
     for field in ("arrival_s", "prompt_tokens", "output_tokens"):
         np.testing.assert_array_equal(getattr(a, field), getattr(b, field))
     assert not np.array_equal(a.prompt_tokens, c.prompt_tokens)
-    g = bl.preset(name, 1000, rate=2.0, seed=np.random.default_rng(7))
+    g = bl.preset(name, 1000, rate_req_s=2.0, seed=np.random.default_rng(7))
     np.testing.assert_array_equal(g.output_tokens, a.output_tokens)
 
 
@@ -166,9 +166,10 @@ def test_unknown_name_lists_the_allowed_ones():
         assert all(name in str(e.value) for name in PRESETS)
 
 
-@pytest.mark.parametrize("kwargs", [dict(n=0), dict(n=-5), dict(n=2.5), dict(n=True), dict(n=10, rate=0.0),
-                                    dict(n=10, rate=-1.0), dict(n=10, rate=float("nan")), dict(n=10, seed=-1),
-                                    dict(n=10, seed="x")])
+@pytest.mark.parametrize("kwargs", [
+    dict(n_requests=0), dict(n_requests=-5), dict(n_requests=2.5), dict(n_requests=True),
+    dict(n_requests=10, rate_req_s=0.0), dict(n_requests=10, rate_req_s=-1.0),
+    dict(n_requests=10, rate_req_s=float("nan")), dict(n_requests=10, seed=-1), dict(n_requests=10, seed="x")])
 def test_bad_arguments(kwargs):
     with pytest.raises(ValueError):
         bl.preset("azure-conv-2023", **kwargs)
