@@ -18,7 +18,7 @@ section 3's formula leaves this term out; the measured H100 timings show it is 1
 roofline, does not.
 
 Under tensor parallelism t the work and bytes per GPU are divided by t and every layer adds two
-all-reduces of the activations (ring algorithm). The formula itself lives in ``sim._step_cost`` so the
+all-reduces of the activations (ring algorithm). The formula itself lives in ``_kernels.step_cost`` so the
 jitted scheduler loop and this module evaluate the very same code.
 """
 from __future__ import annotations
@@ -32,7 +32,8 @@ import numpy as np
 from ._data import DATA_DIR, read_presets
 from .hardware import DTYPES, Hardware
 from .models import BYTES_PER_ELEMENT, ModelSpec
-from .sim import N_COEF, _step_cost
+from . import _kernels as k
+from ._kernels import step_cost
 
 ACTIVATION_BYTES = 2  # activations travel between GPUs in BF16
 
@@ -172,26 +173,30 @@ class CostModel:
         return m.layers * elements * ACTIVATION_BYTES
 
     def coefficients(self) -> np.ndarray:
-        """The float64 vector ``sim._step_cost`` reads: every constant of the formula, per GPU."""
+        """The float64 vector ``_kernels.step_cost`` reads: every constant of the formula, per GPU.
+
+        Slots are named by the ``COEF_*`` constants of :mod:`batchlab._kernels`.
+        """
         m, hw, tp = self.model, self.hardware, self.tp
-        coef = np.zeros(N_COEF)
-        coef[0] = 2.0 * m.params / tp
-        coef[1] = self.weight_bytes
-        coef[2] = 2.0 * m.layers * m.attn_dim / tp
-        coef[3] = self.kv_bytes_per_token
-        coef[4] = self.peak_flops
-        coef[5] = hw.hbm_bytes_per_s
-        coef[6] = self.eta_compute
-        coef[7] = self.eta_memory
-        coef[8] = self.eta_attn
-        coef[9] = self.overhead_s
-        coef[12] = 0.0 if self.eta_elementwise is None else self.elementwise_bytes_per_token
-        coef[13] = 1.0 if self.eta_elementwise is None else self.eta_elementwise
+        coef = np.zeros(k.N_COEF)
+        coef[k.COEF_GEMM_FLOPS_PER_TOKEN] = 2.0 * m.params / tp
+        coef[k.COEF_WEIGHT_BYTES] = self.weight_bytes
+        coef[k.COEF_ATTN_FLOPS_PER_WORK] = 2.0 * m.layers * m.attn_dim / tp
+        coef[k.COEF_KV_BYTES_PER_TOKEN] = self.kv_bytes_per_token
+        coef[k.COEF_PEAK_FLOPS] = self.peak_flops
+        coef[k.COEF_HBM_BYTES_PER_S] = hw.hbm_bytes_per_s
+        coef[k.COEF_ETA_COMPUTE] = self.eta_compute
+        coef[k.COEF_ETA_MEMORY] = self.eta_memory
+        coef[k.COEF_ETA_ATTN] = self.eta_attn
+        coef[k.COEF_OVERHEAD_S] = self.overhead_s
+        elementwise = self.eta_elementwise is not None
+        coef[k.COEF_ELEMENTWISE_BYTES_PER_TOKEN] = self.elementwise_bytes_per_token if elementwise else 0.0
+        coef[k.COEF_ETA_ELEMENTWISE] = self.eta_elementwise if elementwise else 1.0
         if tp > 1:
             # Two ring all-reduces per layer, each moving 2 (t-1)/t of the activations per GPU.
             per_token = 2 * m.layers * 2 * (tp - 1) / tp * m.d_model * ACTIVATION_BYTES
-            coef[10] = per_token / hw.interconnect_bytes_per_s
-            coef[11] = 2 * m.layers * self.allreduce_latency_s
+            coef[k.COEF_COMM_S_PER_TOKEN] = per_token / hw.interconnect_bytes_per_s
+            coef[k.COEF_COMM_S_PER_STEP] = 2 * m.layers * self.allreduce_latency_s
         return coef
 
     def kv_pool_blocks(self, gpu_memory_utilization: float = 0.9, block_size: int = 16) -> int:
@@ -228,7 +233,7 @@ class CostModel:
             raise ValueError("a step needs at least one prefill chunk or one decode sequence")
         attn_work = (c * (2 * p + c)).sum() + 2 * ctx.sum()
         cached = p.sum() + ctx.sum()
-        out = _step_cost(self.coefficients(), new_tokens, attn_work, cached)
+        out = step_cost(self.coefficients(), new_tokens, attn_work, cached)
         total, gemm, attn, comm, elementwise, flops, nbytes, compute_bound = out
         return StepBreakdown(total, gemm, attn, comm, elementwise, self.overhead_s, flops, nbytes,
                              "compute" if compute_bound else "memory")
@@ -246,7 +251,7 @@ class CostModel:
         if (b < 1).any() or (ctx < 0).any():
             raise ValueError("batch must be >= 1 and context >= 0")
         coef = self.coefficients()
-        out = np.array([_step_cost(coef, bi, 2 * bi * ci, bi * ci)[0] for bi, ci in zip(b.ravel(), ctx.ravel())])
+        out = np.array([step_cost(coef, bi, 2 * bi * ci, bi * ci)[0] for bi, ci in zip(b.ravel(), ctx.ravel())])
         return float(out[0]) if b.ndim == 0 else out.reshape(b.shape)
 
     def prefill_time(self, tokens: int) -> float:
@@ -255,18 +260,44 @@ class CostModel:
             raise ValueError(f"tokens must be >= 1, got {tokens!r}")
         return self.step_time(prefill_chunks=[(tokens, 0)])
 
-    def knee(self, context: float = 0.0) -> float:
-        """Batch size where a decode step leaves its floor: min(ridge, B_kv).
+    def ridge(self) -> float:
+        """Batch (sequences) where a decode step's GEMM math equals its weight streaming.
 
-        The ridge is where GEMM math equals weight streaming, eta_c F b_w / (2 eta_m BW) sequences
-        (295.3 for BF16 on H100 at 100 %). B_kv = P b_w / (context k) is where the KV bytes read equal the
-        weight bytes, doubling the memory floor. With no context the KV term never binds.
+        eta_c F b_w / (2 eta_m BW): 295.3 for BF16 weights on an H100 SXM at 100 % of peak, for any model size.
+        Used in chapters 04, 09 and 11.
+        """
+        b_w = BYTES_PER_ELEMENT[self.dtype]
+        return self.eta_compute * self.peak_flops * b_w / (2 * self.eta_memory * self.hardware.hbm_bytes_per_s)
+
+    def kv_knee(self, context: float) -> float:
+        """B_kv = P b_w / (context k): the batch whose KV reads equal the weight bytes (sequences).
+
+        ``context`` is cached tokens per sequence (>= 0); ``inf`` at 0, where the KV term never binds.
+        Used in chapter 04.
         """
         if context < 0:
             raise ValueError(f"context must be >= 0, got {context!r}")
-        b_w = BYTES_PER_ELEMENT[self.dtype]
-        ridge = self.eta_compute * self.peak_flops * b_w / (2 * self.eta_memory * self.hardware.hbm_bytes_per_s)
-        if context == 0:
-            return ridge
-        b_kv = self.weight_bytes / (context * self.kv_bytes_per_token)
-        return min(ridge, b_kv)
+        return math.inf if context == 0 else self.weight_bytes / (context * self.kv_bytes_per_token)
+
+    def knee(self, context: float = 0.0) -> float:
+        """Batch size where a decode step leaves its floor: min(:meth:`ridge`, :meth:`kv_knee`).
+
+        The ridge is where GEMM math equals weight streaming; B_kv is where the KV bytes read equal the weight
+        bytes, doubling the memory floor. With no context the KV term never binds.
+        """
+        return min(self.ridge(), self.kv_knee(context))
+
+    def batch_for_step_time(self, step_s: float, context: int, max_batch: int = 4096) -> int:
+        """The decode batch whose step time is closest to ``step_s`` seconds, every sequence at ``context`` tokens.
+
+        Decode step time rises monotonically with the batch, so this is where the cost model puts a given
+        inter-token cadence. Raises ``ValueError`` if even one sequence, or ``max_batch``, misses it by more
+        than one step's increment (the cadence is then out of this model's reach on this GPU). Used in
+        chapters 09 and 11.
+        """
+        batch = np.arange(1, max_batch + 1)
+        step = self.decode_step_time(batch, context)
+        if step[0] > step_s or step[-1] < step_s:
+            raise ValueError(f"a {step_s * 1e3:g} ms decode step is outside 1..{max_batch} sequences at {context} "
+                             f"tokens: the step takes {step[0] * 1e3:.1f} to {step[-1] * 1e3:.1f} ms")
+        return int(batch[np.argmin(np.abs(step - step_s))])

@@ -7,6 +7,7 @@ from typing import NamedTuple
 from ._data import read_presets
 
 DTYPES = ("bf16", "fp8")
+GiB = 1024**3  # bytes
 
 
 class Hardware(NamedTuple):

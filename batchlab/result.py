@@ -3,12 +3,33 @@ from __future__ import annotations
 
 import dataclasses
 from functools import cached_property
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
 
 from . import metrics
-from .sim import KIND_NAMES, REJECT_BUDGET, REJECT_KV, REJECT_RECOMPUTE, STEP_COLUMNS
+from ._kernels import (KIND_NAMES, REJECT_BUDGET, REJECT_KV, REJECT_RECOMPUTE, SCHED_KIND, SCHED_REQUEST, SCHED_STEP,
+                       SCHED_TOKENS, STEP_COLUMNS, STEP_COMPUTE_BOUND, STEP_DURATION)
+
+
+class KernelOutput(NamedTuple):
+    """What :func:`batchlab._kernels.simulate_kernel` returns, by name (per-request arrays have one entry per request)."""
+
+    status: int  # STATUS_OK, or STATUS_STUCK if the loop found nothing to schedule (a bug)
+    first_token_s: np.ndarray  # s, emission of the first output token (NaN: never)
+    finish_s: np.ndarray  # s, emission of the last output token
+    scheduled_s: np.ndarray  # s, first time the request was scheduled
+    release_s: np.ndarray  # s, when its KV blocks and seat were freed
+    preemptions: np.ndarray  # times preempted
+    reject_code: np.ndarray  # 0 served, else REJECT_KV, REJECT_BUDGET or REJECT_RECOMPUTE
+    padded_tokens: np.ndarray  # padding rows computed for it (static, dynamic)
+    computed_tokens: np.ndarray  # token positions computed, recomputation included
+    recomputed_tokens: np.ndarray  # positions computed again after preemption
+    token_offsets: np.ndarray  # index of each request's first token in token_times_s (length n + 1)
+    token_times_s: np.ndarray  # s, every output token's emission time, request after request
+    steps: np.ndarray  # one row per iteration, columns STEP_COLUMNS
+    schedule: np.ndarray  # one row per request per iteration (record_schedule), columns SCHED_COLUMNS
 
 
 def _reject_reason(code, prompt, output, knobs) -> str:
@@ -44,52 +65,49 @@ class SimResult:
     policy: str
     cost: object
     knobs: dict
-    _raw: tuple = dataclasses.field(repr=False)
+    raw: KernelOutput = dataclasses.field(repr=False)
     _recorded: bool = dataclasses.field(repr=False, default=False)
 
-    @classmethod
-    def from_kernel(cls, stream, policy, cost, knobs, raw, recorded):
-        return cls(stream, policy, cost, dict(knobs), raw, recorded)
-
-    # Raw kernel outputs, by name.
     @property
     def token_offsets(self) -> np.ndarray:
         """Index of each request's first token in :attr:`token_times_flat` (length n + 1)."""
-        return self._raw[10]
+        return self.raw.token_offsets
 
     @property
     def token_times_flat(self) -> np.ndarray:
         """Every output token's emission time (s), request after request."""
-        return self._raw[11]
+        return self.raw.token_times_s
 
     @cached_property
     def requests(self) -> pd.DataFrame:
-        (_, first, finish, sched, release, preempt, reject, pad, computed, recomputed, *_rest) = self._raw
-        s = self.stream
+        raw, s = self.raw, self.stream
+        reject = raw.reject_code
         rejected = reject > 0
+        first, finish = raw.first_token_s, raw.finish_s
         # A request rejected after preemption has a first token but no result: blank its times.
         first, finish = np.where(rejected, np.nan, first), np.where(rejected, np.nan, finish)
-        lat = metrics.per_request(s.arrival_s, s.output_tokens, sched, first, finish)
+        lat = metrics.per_request(s.arrival_s, s.output_tokens, raw.scheduled_s, first, finish)
         reasons = np.full(len(s), "", dtype=object)
         for i in np.flatnonzero(rejected):
             reasons[i] = _reject_reason(reject[i], s.prompt_tokens[i], s.output_tokens[i], self.knobs)
         df = pd.DataFrame({
             "arrival_s": s.arrival_s, "prompt_tokens": s.prompt_tokens, "output_tokens": s.output_tokens,
-            "scheduled_s": sched, "first_token_s": first, "finish_s": finish, "release_s": release,
+            "scheduled_s": raw.scheduled_s, "first_token_s": first, "finish_s": finish, "release_s": raw.release_s,
             **lat,
-            "preemptions": preempt, "computed_tokens": computed, "recomputed_tokens": recomputed,
-            "padded_tokens": pad, "rejected": rejected, "reject_reason": reasons,
+            "preemptions": raw.preemptions, "computed_tokens": raw.computed_tokens,
+            "recomputed_tokens": raw.recomputed_tokens, "padded_tokens": raw.padded_tokens, "rejected": rejected,
+            "reject_reason": reasons,
         })
         df.index.name = "request"
         return df
 
     @cached_property
     def steps(self) -> pd.DataFrame:
-        raw = self._raw[12]
+        raw = self.raw.steps
         df = pd.DataFrame(raw, columns=list(STEP_COLUMNS))
         for col in ("prefill_tokens", "decode_seqs", "running", "kv_blocks_used"):
             df[col] = df[col].astype(np.int64)
-        df["bound"] = np.where(raw[:, 6] > 0, "compute", "memory")
+        df["bound"] = np.where(raw[:, STEP_COMPUTE_BOUND] > 0, "compute", "memory")
         df = df.drop(columns="compute_bound")
         dur = df["duration_s"].to_numpy()
         df["compute_util"] = df["flops"] / (self.cost.peak_flops * dur)
@@ -106,10 +124,10 @@ class SimResult:
     def schedule(self) -> pd.DataFrame:
         if not self._recorded:
             raise AttributeError("schedule was not recorded: call simulate(..., record_schedule=True)")
-        raw = self._raw[13]
+        raw = self.raw.schedule
         return pd.DataFrame({
-            "step": raw[:, 0], "request": raw[:, 1], "tokens": raw[:, 2],
-            "kind": pd.Categorical.from_codes(raw[:, 3], categories=list(KIND_NAMES)),
+            "step": raw[:, SCHED_STEP], "request": raw[:, SCHED_REQUEST], "tokens": raw[:, SCHED_TOKENS],
+            "kind": pd.Categorical.from_codes(raw[:, SCHED_KIND], categories=list(KIND_NAMES)),
         })
 
     def itl_s(self) -> np.ndarray:
@@ -120,7 +138,7 @@ class SimResult:
     def summary(self) -> dict:
         """``vllm bench serve``-style summary; keys in DESIGN section 5."""
         return metrics.summary(self.requests, self.token_times_flat, self.token_offsets,
-                               self._raw[12][:, 1])
+                               self.raw.steps[:, STEP_DURATION])
 
     def goodput(self, ttft_s=None, tpot_s=None, e2el_s=None) -> float:
         """Requests/s completed within every given SLO (seconds)."""
