@@ -1,7 +1,7 @@
 """batchlab.datasets: checksums, the local mirror, the download path, and fast failure offline.
 
-Loader tests write their own small files; the replay tests of the real traces need BATCHLAB_DATA_DIR (the
-Makefile points it at ../shared/data/traces) and fail, rather than skip, without it.
+Loader tests write their own small files; the replay tests of the real traces (marked ``needs_data``) read the
+mirror named by BATCHLAB_DATA_DIR, else ../shared/data/traces (see ``tests/rawdata.py``).
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import batchlab as bl
+from rawdata import raw_folder
 from batchlab import datasets
 
 NAMES = ["azure-code-2023", "azure-conv-2023", "mooncake-conversation"]
@@ -39,11 +40,7 @@ def sha256(data: bytes) -> str:
 
 
 def mirror_dir() -> str:
-    d = os.environ.get("BATCHLAB_DATA_DIR")
-    if not d:
-        pytest.fail("BATCHLAB_DATA_DIR is not set: this test replays the real traces. Point it at the mirror "
-                    "(BATCHLAB_DATA_DIR=../shared/data/traces; `make test` sets it when that folder exists).")
-    return d
+    return str(raw_folder("BATCHLAB_DATA_DIR", "traces", "the raw request traces"))
 
 
 def write_mirror(root: Path, name: str, text: str) -> bytes:
@@ -86,6 +83,7 @@ def test_names():
 
 # -- the real traces through the mirror ------------------------------------------------------------
 
+@pytest.mark.needs_data
 def test_replay_azure_conv_from_mirror():
     mirror_dir()
     r = bl.replay("azure-conv-2023")
@@ -95,6 +93,7 @@ def test_replay_azure_conv_from_mirror():
     assert np.median(r.prompt_tokens) == 1020 and np.median(r.output_tokens) == 129
 
 
+@pytest.mark.needs_data
 def test_replay_other_traces_from_mirror():
     mirror_dir()
     code, moon = bl.replay("azure-code-2023"), bl.replay("mooncake-conversation")
@@ -105,6 +104,7 @@ def test_replay_other_traces_from_mirror():
     assert (len(moon) - 1) / moon.arrival_s[-1] == pytest.approx(3.40, abs=0.005)
 
 
+@pytest.mark.needs_data
 def test_replay_limit_and_speedup():
     mirror_dir()
     full = bl.replay("azure-code-2023")
@@ -114,6 +114,7 @@ def test_replay_limit_and_speedup():
     np.testing.assert_array_equal(r.prompt_tokens, full.prompt_tokens[:100])
 
 
+@pytest.mark.needs_data
 def test_fetch_from_mirror_returns_the_mirror_file():
     d = mirror_dir()
     assert datasets.fetch("mooncake-conversation") == Path(d) / "mooncake" / "conversation_trace.jsonl"

@@ -18,6 +18,8 @@ from urllib.parse import urlparse
 
 import pytest
 
+pytestmark = pytest.mark.live
+
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = "notebooks/01_static_batching.ipynb"
 CHROMIUM = "/usr/bin/chromium"

@@ -1,7 +1,7 @@
 """Workload presets: samples from data/workload_quantiles.csv match the real traces they were derived from.
 
-The traces themselves are read from the mirror named by BATCHLAB_DATA_DIR (`make test` points it at
-../shared/data/traces). Tests that need them fail, rather than skip, when it is unset.
+The traces themselves are read from the mirror named by BATCHLAB_DATA_DIR, else ../shared/data/traces; tests that
+need them are marked ``needs_data`` (see ``tests/rawdata.py``).
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import pandas as pd
 import pytest
 
 import batchlab as bl
+from rawdata import raw_folder
 from batchlab import workload
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,11 +37,7 @@ RAW = {
 
 
 def data_dir() -> Path:
-    d = os.environ.get("BATCHLAB_DATA_DIR")
-    if not d:
-        pytest.fail("BATCHLAB_DATA_DIR is not set: this test reads the real traces. Point it at the mirror "
-                    "(BATCHLAB_DATA_DIR=../shared/data/traces; `make test` sets it when that folder exists).")
-    return Path(d)
+    return raw_folder("BATCHLAB_DATA_DIR", "traces", "the raw request traces")
 
 
 def raw_frame(name: str) -> pd.DataFrame:
@@ -95,6 +92,7 @@ def test_arrivals_match_table_rate_and_cv(name):
     assert gaps.std() / gaps.mean() == pytest.approx(s["interarrival_cv"], rel=0.05)
 
 
+@pytest.mark.needs_data
 def test_table_stats_match_raw_traces():
     for name in PRESETS:
         df = raw_frame(name)
@@ -111,6 +109,7 @@ def test_table_stats_match_raw_traces():
     assert bl.trace_stats("mooncake-conversation")["rate_req_per_s"] == pytest.approx(3.40, abs=0.005)
 
 
+@pytest.mark.needs_data
 def test_committed_table_is_what_the_script_writes():
     spec = importlib.util.spec_from_file_location("make_wq", ROOT / "scripts" / "make_workload_quantiles.py")
     mod = importlib.util.module_from_spec(spec)
