@@ -15,6 +15,6 @@ __all__ = [
     "model_names", "SimResult", "POLICIES", "simulate", "vllm_defaults", "Requests", "arrivals_gamma",
     "arrivals_poisson", "fixed", "from_frame", "lengths_empirical", "lengths_lognormal", "lengths_uniform",
     "read_trace", "synthetic",
-    "preset", "preset_names", "trace_stats", "replay",
+    "preset", "preset_names", "trace_stats", "replay", "expand_grid", "is_dominated", "pareto_front", "sweep",
 ]
 __version__ = "0.1.0"

@@ -602,7 +602,7 @@ def simulate_kernel(arrival, prompt, output, policy, coef, batch_size, max_queue
             n_live += 1
     live = live[:n_live]
     status = STATUS_OK
-    if policy == POLICY_STATIC or policy == POLICY_DYNAMIC:
+    if policy <= POLICY_DYNAMIC:  # static or dynamic
         delay = max_queue_delay_s if policy == POLICY_DYNAMIC else np.inf
         steps, sched = _run_batched(arrival, prompt, output, live, tok_off, coef, batch_size, delay, usable_blocks,
                                     block_size, record, first, finish, sched_s, release, pad, computed, tok_times)

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import NamedTuple, Sequence
+from typing import NamedTuple
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -132,14 +133,14 @@ class CostModel:
                 raise ValueError(f"{field} must be a finite number of seconds >= 0, got {value!r}")
 
     # -- derived quantities -------------------------------------------------------------------
-    def ideal(self) -> "CostModel":
+    def ideal(self) -> CostModel:
         """DESIGN's pure roofline: GEMMs and attention at peak, no elementwise term, overhead or latency."""
         return dataclasses.replace(
             self, eta_compute=1.0, eta_memory=1.0, eta_attn=1.0, eta_elementwise=None, overhead_s=0.0,
             allreduce_latency_s=0.0,
         )
 
-    def replace(self, **changes) -> "CostModel":
+    def replace(self, **changes) -> CostModel:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
 

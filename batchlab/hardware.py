@@ -1,7 +1,7 @@
 """GPU presets: peak dense throughput, HBM bandwidth and capacity, interconnect."""
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from typing import NamedTuple
 
 from ._data import read_presets
@@ -33,7 +33,7 @@ class Hardware(NamedTuple):
         return self.flops_bf16 / self.hbm_bytes_per_s
 
 
-@lru_cache(maxsize=None)
+@cache
 def _presets() -> dict[str, Hardware]:
     out = {}
     for name, row in read_presets("hardware.csv").items():

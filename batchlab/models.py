@@ -1,7 +1,7 @@
 """Model presets: the shapes that set weight bytes, KV bytes per token and attention FLOPs."""
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from typing import NamedTuple
 
 from ._data import read_presets
@@ -42,7 +42,7 @@ class ModelSpec(NamedTuple):
         return self.heads * self.head_dim
 
 
-@lru_cache(maxsize=None)
+@cache
 def _presets() -> dict[str, ModelSpec]:
     out = {}
     for name, row in read_presets("models.csv").items():
@@ -56,7 +56,7 @@ def model_names() -> list[str]:
 
 
 def get_model(name: str) -> ModelSpec:
-    """The preset model called ``name`` (``llama-3-8b``, ``llama-3-70b``, ``llama-2-7b``, ``llama-2-70b``, ``mistral-7b``)."""
+    """The preset model ``name``: ``llama-3-8b``, ``llama-3-70b``, ``llama-2-7b``, ``llama-2-70b``, ``mistral-7b``."""
     presets = _presets()
     if name not in presets:
         raise ValueError(f"model must be one of {sorted(presets)}, got {name!r}")

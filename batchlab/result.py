@@ -14,7 +14,7 @@ from ._kernels import (KIND_NAMES, REJECT_BUDGET, REJECT_KV, REJECT_RECOMPUTE, S
 
 
 class KernelOutput(NamedTuple):
-    """What :func:`batchlab._kernels.simulate_kernel` returns, by name (per-request arrays have one entry per request)."""
+    """What :func:`batchlab._kernels.simulate_kernel` returns, by name (per-request arrays: one entry a request)."""
 
     status: int  # STATUS_OK, or STATUS_STUCK if the loop found nothing to schedule (a bug)
     first_token_s: np.ndarray  # s, emission of the first output token (NaN: never)

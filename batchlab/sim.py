@@ -50,6 +50,50 @@ def _int_knob(name, value, low):
     return int(value)
 
 
+def _resolve_knobs(cost, policy, given, block_size, gpu_memory_utilization, num_kv_blocks) -> dict:
+    """Every knob ``policy`` uses, validated, with batchlab's (vLLM's) defaults filled in."""
+    for knob, value in given.items():
+        if value is not None and policy not in _KNOB_POLICIES[knob]:
+            raise ValueError(f"{knob} applies to policy {' or '.join(_KNOB_POLICIES[knob])}, not {policy!r}")
+    block_size = _int_knob("block_size", block_size, 1)
+    if num_kv_blocks is None:
+        num_kv_blocks = cost.kv_pool_blocks(gpu_memory_utilization, block_size)
+        if num_kv_blocks < 2:
+            raise ValueError(
+                f"the weights ({cost.weight_bytes / 1e9:.1f} GB per GPU) leave no room for a KV cache at "
+                f"gpu_memory_utilization={gpu_memory_utilization}; raise it, use tp > 1 or fp8"
+            )
+    else:
+        num_kv_blocks = _int_knob("num_kv_blocks", num_kv_blocks, 2)
+    defaults = vllm_defaults(cost.hardware)
+    knobs = {"block_size": block_size, "num_kv_blocks": num_kv_blocks}
+    if policy in ("static", "dynamic"):
+        batch_size = given["batch_size"]
+        knobs["batch_size"] = _int_knob("batch_size", 32 if batch_size is None else batch_size, 1)
+        if policy == "dynamic":
+            delay = 0.05 if given["max_queue_delay_s"] is None else given["max_queue_delay_s"]
+            if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not (0 <= delay < math.inf):
+                raise ValueError(f"max_queue_delay_s must be finite seconds >= 0, got {delay!r}")
+            knobs["max_queue_delay_s"] = float(delay)
+        return knobs
+    max_num_seqs, max_num_batched_tokens = given["max_num_seqs"], given["max_num_batched_tokens"]
+    knobs["max_num_seqs"] = _int_knob(
+        "max_num_seqs", defaults["max_num_seqs"] if max_num_seqs is None else max_num_seqs, 1)
+    if policy == "chunked" and max_num_batched_tokens is None:
+        max_num_batched_tokens = defaults["max_num_batched_tokens"]
+    if max_num_batched_tokens is not None:
+        knobs["max_num_batched_tokens"] = _int_knob("max_num_batched_tokens", max_num_batched_tokens, 1)
+    if policy == "continuous":
+        knobs["prefill_only_steps"] = bool(given["prefill_only_steps"])
+    else:
+        threshold = given["long_prefill_token_threshold"]
+        knobs["long_prefill_token_threshold"] = _int_knob("long_prefill_token_threshold",
+                                                          0 if threshold is None else threshold, 0)
+        chunking = given["enable_chunked_prefill"]
+        knobs["enable_chunked_prefill"] = True if chunking is None else bool(chunking)
+    return knobs
+
+
 def simulate(requests, policy: str, cost, *, batch_size=None, max_queue_delay_s=None, max_num_seqs=None,
              max_num_batched_tokens=None, prefill_only_steps=None, long_prefill_token_threshold=None,
              enable_chunked_prefill=None, block_size: int = 16, gpu_memory_utilization: float = 0.9,
@@ -106,42 +150,8 @@ def simulate(requests, policy: str, cost, *, batch_size=None, max_queue_delay_s=
         "long_prefill_token_threshold": long_prefill_token_threshold,
         "enable_chunked_prefill": enable_chunked_prefill,
     }
-    for knob, value in given.items():
-        if value is not None and policy not in _KNOB_POLICIES[knob]:
-            raise ValueError(f"{knob} applies to policy {' or '.join(_KNOB_POLICIES[knob])}, not {policy!r}")
-    block_size = _int_knob("block_size", block_size, 1)
-    if num_kv_blocks is None:
-        num_kv_blocks = cost.kv_pool_blocks(gpu_memory_utilization, block_size)
-        if num_kv_blocks < 2:
-            raise ValueError(
-                f"the weights ({cost.weight_bytes / 1e9:.1f} GB per GPU) leave no room for a KV cache at "
-                f"gpu_memory_utilization={gpu_memory_utilization}; raise it, use tp > 1 or fp8"
-            )
-    else:
-        num_kv_blocks = _int_knob("num_kv_blocks", num_kv_blocks, 2)
-    defaults = vllm_defaults(cost.hardware)
-    knobs = {"block_size": block_size, "num_kv_blocks": num_kv_blocks}
-    if policy in ("static", "dynamic"):
-        knobs["batch_size"] = _int_knob("batch_size", 32 if batch_size is None else batch_size, 1)
-        if policy == "dynamic":
-            delay = 0.05 if max_queue_delay_s is None else max_queue_delay_s
-            if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not (0 <= delay < math.inf):
-                raise ValueError(f"max_queue_delay_s must be finite seconds >= 0, got {delay!r}")
-            knobs["max_queue_delay_s"] = float(delay)
-    else:
-        knobs["max_num_seqs"] = _int_knob(
-            "max_num_seqs", defaults["max_num_seqs"] if max_num_seqs is None else max_num_seqs, 1)
-        if policy == "chunked" and max_num_batched_tokens is None:
-            max_num_batched_tokens = defaults["max_num_batched_tokens"]
-        if max_num_batched_tokens is not None:
-            knobs["max_num_batched_tokens"] = _int_knob("max_num_batched_tokens", max_num_batched_tokens, 1)
-        if policy == "continuous":
-            knobs["prefill_only_steps"] = bool(prefill_only_steps)
-        else:
-            knobs["long_prefill_token_threshold"] = _int_knob(
-                "long_prefill_token_threshold", 0 if long_prefill_token_threshold is None
-                else long_prefill_token_threshold, 0)
-            knobs["enable_chunked_prefill"] = True if enable_chunked_prefill is None else bool(enable_chunked_prefill)
+    knobs = _resolve_knobs(cost, policy, given, block_size, gpu_memory_utilization, num_kv_blocks)
+    num_kv_blocks, block_size = knobs["num_kv_blocks"], knobs["block_size"]
     raw = simulate_kernel(
         requests.arrival_s, requests.prompt_tokens, requests.output_tokens, POLICY_CODE[policy],
         cost.coefficients(), knobs.get("batch_size", 1), knobs.get("max_queue_delay_s", 0.0),

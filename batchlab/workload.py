@@ -9,7 +9,7 @@ import json
 import math
 from pathlib import Path
 import dataclasses
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 import pandas as pd
@@ -86,12 +86,12 @@ class Requests:
         return pd.DataFrame({"arrival_s": self.arrival_s, "prompt_tokens": self.prompt_tokens,
                              "output_tokens": self.output_tokens})
 
-    def head(self, n_requests: int) -> "Requests":
+    def head(self, n_requests: int) -> Requests:
         """The first ``n_requests`` requests."""
         k = n_requests
         return Requests(self.arrival_s[:k], self.prompt_tokens[:k], self.output_tokens[:k])
 
-    def scale_time(self, speedup: float) -> "Requests":
+    def scale_time(self, speedup: float) -> Requests:
         """The same stream with arrivals ``speedup`` times faster (rate times ``speedup``)."""
         if not (speedup > 0 and math.isfinite(speedup)):
             raise ValueError(f"speedup must be a finite number > 0, got {speedup!r}")
@@ -143,7 +143,7 @@ def lengths_empirical(n_requests: int, quantiles, seed=0) -> np.ndarray:
 # -- arrivals ------------------------------------------------------------------------------------
 
 def arrivals_gamma(n_requests: int, rate_req_s: float, cv: float = 1.0, seed=0) -> np.ndarray:
-    """Arrival times (s) of a renewal process with gamma inter-arrivals of mean 1 / ``rate_req_s`` seconds and CV ``cv``.
+    """Arrival times (s) of a renewal process with gamma gaps of mean 1 / ``rate_req_s`` seconds and CV ``cv``.
 
     ``cv = 1`` is Poisson; ``cv > 1`` is bursty; ``cv = 0`` is evenly spaced; ``rate_req_s = inf`` puts every
     request at time 0. The first request arrives at 0.
@@ -247,7 +247,7 @@ def read_trace(path, arrival: str, prompt: str, output: str, time_unit: str = "s
 _PRESET_FILE = "workload_quantiles.csv"  # written by scripts/make_workload_quantiles.py; layout in data/README.md
 
 
-@lru_cache(maxsize=None)
+@cache
 def _preset_table() -> pd.DataFrame:
     return pd.read_csv(DATA_DIR / _PRESET_FILE).set_index("preset")
 
@@ -313,7 +313,8 @@ def preset(name: str, n_requests: int, rate_req_s: float | None = None, seed=0) 
     Raises
     ------
     ValueError
-        Unknown ``name``; bad ``n_requests``, ``rate_req_s`` or ``seed``; ``rate_req_s`` missing for a trace without timestamps.
+        Unknown ``name``; bad ``n_requests``, ``rate_req_s`` or ``seed``; ``rate_req_s`` missing for a trace
+        without timestamps.
     """
     row = _preset_row(name)
     _check_count(n_requests)
