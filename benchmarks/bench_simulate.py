@@ -14,6 +14,7 @@ Run: ``python benchmarks/bench_simulate.py``.
 """
 from __future__ import annotations
 
+import functools
 import sys
 import time
 from pathlib import Path
@@ -105,10 +106,10 @@ def main():
     for policy, knobs in KNOBS.items():
         kw = dict(knobs, num_kv_blocks=cost.kv_pool_blocks())
         bl.simulate(small, policy, cost, **kw)  # compile or load from cache outside the timing
-        secs, res = best_of(lambda: bl.simulate(reqs, policy, cost, **kw))
+        secs, res = best_of(functools.partial(bl.simulate, reqs, policy, cost, **kw))
         seq_steps = int(res.steps["running"].sum())
         bare_secs, (_, bare_steps) = best_of(lambda: bare_loop(*bare_args))
-        ref_secs, _ = best_of(lambda: reference_simulate(small, policy, cost, **kw), repeat=1)
+        ref_secs, _ = best_of(functools.partial(reference_simulate, small, policy, cost, **kw), repeat=1)
         ref_seq_steps = int(bl.simulate(small, policy, cost, **kw).steps["running"].sum())
         ns = secs / seq_steps * 1e9
         bare_ns = bare_secs / bare_steps * 1e9

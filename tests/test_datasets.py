@@ -8,7 +8,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import http.server
-import os
 import threading
 import time
 from pathlib import Path

@@ -41,7 +41,8 @@ def lab(tmp_path_factory):
     cmd = [str(Path(sys.executable).with_name("jupyter")), "lab", "--no-browser", "--ip=127.0.0.1",
            f"--port={port}", f"--IdentityProvider.token={TOKEN}", "--allow-root", f"--ServerApp.root_dir={work}",
            "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
-    proc = subprocess.Popen(cmd, stdout=open(work / "lab.log", "w"), stderr=subprocess.STDOUT, env=env)
+    log = open(work / "lab.log", "w")  # noqa: SIM115 - the server outlives this function; closed with the process
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     deadline = time.time() + 90
     while time.time() < deadline:
         try:

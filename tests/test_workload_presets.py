@@ -9,7 +9,7 @@ import importlib.util
 import json
 import math
 import os
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -48,7 +48,7 @@ def raw_frame(name: str) -> pd.DataFrame:
     return pd.read_csv(path)
 
 
-@lru_cache(maxsize=None)
+@cache
 def reference(name: str) -> dict[str, float]:
     """The trace's median and p90 of prompt and output lengths: from the raw file when the mirror is set, else
     from the committed table."""

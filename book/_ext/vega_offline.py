@@ -30,8 +30,9 @@ CHART_CSS = """.batchlab-chart { overflow-x: auto; margin: 0.5rem 0 1rem; }
 logger = logging.getLogger(__name__)
 
 # An element that makes the browser fetch: <script src>, <link href> (stylesheet, font, preload, icon), <img src>...
-_FETCH = re.compile(r"<(script|link|img|iframe|source|embed)\b[^>]*?\b(src|href)\s*=\s*[\"']?((?:https?:)?//[^\"'\s>]+)",
-                    re.IGNORECASE)
+_FETCH = re.compile(
+    r"<(script|link|img|iframe|source|embed)\b[^>]*?\b(src|href)\s*=\s*[\"']?((?:https?:)?//[^\"'\s>]+)",
+    re.IGNORECASE)
 _CSS_URL = re.compile(r"(@import\s+|url\(\s*)[\"']?((?:https?:)?//[^\"')\s]+)", re.IGNORECASE)
 _NOT_FETCHED = re.compile(r"\brel\s*=\s*[\"']?(canonical|alternate|author|license|next|prev)\b", re.IGNORECASE)
 
