@@ -38,8 +38,12 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def mirror_dir() -> str:
-    return str(raw_folder("BATCHLAB_DATA_DIR", "traces", "the raw request traces"))
+@pytest.fixture
+def mirror(monkeypatch) -> str:
+    """The raw traces' folder, named to batchlab through BATCHLAB_DATA_DIR as a user would."""
+    folder = str(raw_folder("BATCHLAB_DATA_DIR", "traces", "the raw request traces"))
+    monkeypatch.setenv("BATCHLAB_DATA_DIR", folder)
+    return folder
 
 
 def write_mirror(root: Path, name: str, text: str) -> bytes:
@@ -83,8 +87,7 @@ def test_names():
 # -- the real traces through the mirror ------------------------------------------------------------
 
 @pytest.mark.needs_data
-def test_replay_azure_conv_from_mirror():
-    mirror_dir()
+def test_replay_azure_conv_from_mirror(mirror):
     r = bl.replay("azure-conv-2023")
     assert len(r) == 19_366
     assert r.arrival_s[0] == 0.0 and (np.diff(r.arrival_s) >= 0).all()
@@ -93,8 +96,7 @@ def test_replay_azure_conv_from_mirror():
 
 
 @pytest.mark.needs_data
-def test_replay_other_traces_from_mirror():
-    mirror_dir()
+def test_replay_other_traces_from_mirror(mirror):
     code, moon = bl.replay("azure-code-2023"), bl.replay("mooncake-conversation")
     assert len(code) == 8_819 and len(moon) == 12_031
     for r in (code, moon):
@@ -104,8 +106,7 @@ def test_replay_other_traces_from_mirror():
 
 
 @pytest.mark.needs_data
-def test_replay_limit_and_speedup():
-    mirror_dir()
+def test_replay_limit_and_speedup(mirror):
     full = bl.replay("azure-code-2023")
     r = bl.replay("azure-code-2023", speedup=4.0, limit=100)
     assert len(r) == 100
@@ -114,8 +115,8 @@ def test_replay_limit_and_speedup():
 
 
 @pytest.mark.needs_data
-def test_fetch_from_mirror_returns_the_mirror_file():
-    d = mirror_dir()
+def test_fetch_from_mirror_returns_the_mirror_file(mirror):
+    d = mirror
     assert datasets.fetch("mooncake-conversation") == Path(d) / "mooncake" / "conversation_trace.jsonl"
 
 
