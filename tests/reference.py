@@ -1,8 +1,9 @@
 """A plain-Python reference of the scheduler loop, written for clarity rather than speed.
 
 It follows DESIGN section 4 (and vLLM V1's ``Scheduler.schedule`` for ``chunked``) step by step with Python
-lists and deques, and times each iteration with ``CostModel.step_time``. The tests require the jitted
-kernel in ``batchlab.sim`` to agree with it on every request's first-token and finish time.
+lists and deques, and times each iteration with ``CostModel.step_time``. The tests require the jitted kernel
+in ``batchlab._kernels`` (through ``batchlab.simulate``) to agree with it on every request's first-token and
+finish time.
 """
 from __future__ import annotations
 
