@@ -3,6 +3,11 @@
 Per request: ttft = first token - arrival; tpot = (finish - first token) / (output - 1); e2el = finish -
 arrival; itl = every gap between consecutive tokens of one request; queue = first scheduled - arrival.
 Aggregates use completed requests only. As in ``vllm bench serve``, an aggregate over an empty set is 0.
+
+Run-level measures of how a policy used its slots and its GPU (the book's chapters 01 to 03): the tail
+waste of lockstep batches (:func:`half_empty_fraction`), idle time while work waited
+(:func:`idle_while_waiting_fraction`), full lockstep batches (:func:`full_batch_fraction`) and the rows that
+emitted a token in each iteration (:func:`tokens_per_step`).
 """
 from __future__ import annotations
 
@@ -97,3 +102,105 @@ def goodput(requests, ttft_s: float | None = None, tpot_s: float | None = None, 
         return 0.0
     duration = float(np.nanmax(requests["finish_s"].to_numpy()[done]) - requests["arrival_s"].min())
     return float(ok.sum() / duration) if duration > 0 else 0.0
+
+
+# -- run-level measures of how a policy used its slots and its GPU --------------------------------------------
+def half_empty_fraction(requests) -> float:
+    """Share of lockstep-batch time spent after half of the batch's rows had already finished.
+
+    The tail waste of static and dynamic batching: a finished row keeps its slot until the batch's longest
+    output ends. Batches are told apart by their release time (every row of a batch is released together).
+    Used in chapter 01.
+
+    Parameters
+    ----------
+    requests : DataFrame
+        ``SimResult.requests`` of a ``static`` or ``dynamic`` run (seconds in ``scheduled_s``, ``finish_s``,
+        ``release_s``).
+
+    Returns
+    -------
+    float
+        Dimensionless, in [0, 1]; exactly 0 when every row of every batch ends on the same step.
+    """
+    done = requests[~requests["rejected"]]
+    tail = busy = 0.0
+    for release, batch in done.groupby("release_s"):
+        finish = np.sort(batch["finish_s"].to_numpy())
+        half = finish[(finish.size + 1) // 2 - 1]  # when at least half of the rows are done
+        tail += release - half
+        busy += release - batch["scheduled_s"].min()
+    return float(tail / busy) if busy > 0 else 0.0
+
+
+def idle_while_waiting_fraction(res) -> float:
+    """Share of a run's duration in which the GPU ran nothing although an arrived request was waiting.
+
+    Lockstep policies idle between batches while a static batch fills up or a dynamic timer runs; an
+    iteration-level server never does, unless the KV pool is full. The oldest request not yet scheduled
+    when an iteration starts is the one that was waiting during the gap before it (every policy here admits
+    oldest first). A preempted request waiting to resume is not counted. Used in chapter 02.
+
+    Parameters
+    ----------
+    res : SimResult
+
+    Returns
+    -------
+    float
+        Dimensionless, in [0, 1]: idle seconds with a request waiting over the run's duration (first arrival
+        to last finish).
+    """
+    req = res.requests[~res.requests["rejected"]]
+    start = res.steps["start_s"].to_numpy()
+    prev_end = np.concatenate([[-np.inf], (start + res.steps["duration_s"].to_numpy())[:-1]])
+    order = np.argsort(req["scheduled_s"].to_numpy(), kind="stable")
+    sched = req["scheduled_s"].to_numpy()[order]
+    oldest = np.minimum.accumulate(req["arrival_s"].to_numpy()[order][::-1])[::-1]  # oldest of those scheduled later
+    k = np.searchsorted(sched, start, side="left")  # first request scheduled at or after each step's start
+    waiting_since = np.where(k < sched.size, oldest[np.minimum(k, sched.size - 1)], np.inf)
+    idle = np.clip(start - np.maximum(prev_end, waiting_since), 0.0, None)
+    duration = req["finish_s"].max() - res.requests["arrival_s"].min()
+    return float(idle.sum() / duration) if duration > 0 else 0.0
+
+
+def full_batch_fraction(res) -> float:
+    """Share of the lockstep batches of a ``static`` or ``dynamic`` run that left with ``batch_size`` rows.
+
+    A dynamic batch leaves full when ``batch_size`` requests queued before its timer fired. NaN for the
+    iteration-level policies, which have no batches to fill. Used in chapter 02.
+
+    Parameters
+    ----------
+    res : SimResult
+
+    Returns
+    -------
+    float
+        Dimensionless, in [0, 1], or NaN.
+    """
+    if res.policy not in ("static", "dynamic"):
+        return float("nan")
+    prefills = res.steps[res.steps["prefill_tokens"] > 0]  # one prefill step opens each lockstep batch
+    return float((prefills["running"] == res.knobs["batch_size"]).mean())
+
+
+def tokens_per_step(res) -> np.ndarray:
+    """Output tokens each iteration of ``res`` emitted: the rows that did useful work in it.
+
+    A token's emission time is exactly its iteration's end (``start_s + duration_s``), so this counts
+    equal times. In a lockstep batch, rows that have finished keep running (held) but emit nothing.
+    Used in chapter 03.
+
+    Parameters
+    ----------
+    res : SimResult
+
+    Returns
+    -------
+    numpy.ndarray of int
+        Tokens (one per generating row), one entry per row of ``res.steps``.
+    """
+    tokens = np.sort(res.token_times_flat[np.isfinite(res.token_times_flat)])
+    end = (res.steps["start_s"] + res.steps["duration_s"]).to_numpy()
+    return np.searchsorted(tokens, end, side="right") - np.searchsorted(tokens, end, side="left")

@@ -1,5 +1,10 @@
 """Sweeps over scheduler configurations, serial or on any ``concurrent.futures.Executor``; Pareto fronts.
 
+Besides the exact Pareto front (:func:`pareto_front`, :func:`is_dominated`), the readings the book takes of a
+two-knob sweep live here: a frontier that counts near-equal throughputs as equal (:func:`tolerant_front`,
+:func:`with_frontier`), where raising ``max_num_seqs`` stops paying (:func:`seqs_plateau`) and vLLM's default
+against the best configuration at its throughput (:func:`default_vs_best`).
+
 A sweep is a list of independent simulations, so it parallelises trivially: hand ``sweep`` a
 ``ProcessPoolExecutor`` to use every core, or ``dask.distributed.Client(...).get_executor()`` to spread a
 big grid over a cluster. Results come back in grid order whichever executor ran them, so the DataFrame is
@@ -82,7 +87,7 @@ def sweep(requests, grid, cost, *, policy: str = "chunked", executor=None, progr
         else:
             futures = [executor.submit(_run_one, requests, cost, config) for config in configs]
             if bar is not None:
-                for fut in _as_completed(futures):
+                for _fut in _as_completed(futures):
                     bar.update()
             rows = [fut.result() for fut in futures]
     finally:
@@ -127,3 +132,130 @@ def is_dominated(df: pd.DataFrame, x: str, y: str, maximize_x: bool = True, mini
     ge = (xs[None, :] >= xs[:, None]) & (ys[None, :] <= ys[:, None])
     gt = (xs[None, :] > xs[:, None]) | (ys[None, :] < ys[:, None])
     return (ge & gt).any(axis=1)
+
+
+# -- reading a two-knob sweep: the tolerant frontier, the plateau, the default against the best ------------
+def tolerant_front(df: pd.DataFrame, x: str = "output_throughput", y: str = "p99_ttft_ms",
+                   rel_tol: float = 0.01) -> np.ndarray:
+    """Mask of the rows on the latency-throughput frontier, counting throughputs within ``rel_tol`` as equal.
+
+    A row is beaten when another has a lower ``y`` at an ``x`` of at least (1 - rel_tol) times its own, or an
+    equal-or-lower ``y`` at a higher ``x``; ``x`` is maximised, ``y`` minimised. With ``rel_tol = 0`` this is
+    exact Pareto dominance (:func:`is_dominated`); a positive tolerance also removes rows that are
+    ahead only by the drain tail of a finite run. Of rows with identical (x, y), only the first is kept, so
+    the frontier names the configuration that comes first in grid order (the smallest ``max_num_seqs``).
+    Every row kept is non-dominated in the exact sense. Used in chapters 08 and 09.
+
+    Parameters
+    ----------
+    df : DataFrame
+        One row per configuration, with columns ``x`` and ``y``.
+    x, y : str
+        Throughput column (maximised, e.g. tok/s) and latency column (minimised, e.g. ms).
+    rel_tol : float
+        Relative throughput difference counted as equal, in [0, 1).
+
+    Returns
+    -------
+    numpy.ndarray of bool
+        True for the rows on the frontier, in ``df``'s order.
+    """
+    if not 0 <= rel_tol < 1:
+        raise ValueError(f"rel_tol must be in [0, 1), got {rel_tol!r}")
+    xs, ys = df[x].to_numpy(dtype=float), df[y].to_numpy(dtype=float)
+    lower = (ys[None, :] < ys[:, None]) & (xs[None, :] >= xs[:, None] * (1 - rel_tol))
+    faster = (ys[None, :] <= ys[:, None]) & (xs[None, :] > xs[:, None])
+    return ~(lower | faster).any(axis=1) & ~df.duplicated([x, y]).to_numpy()
+
+
+def with_frontier(df: pd.DataFrame, x: str = "output_throughput", y: str = "p99_ttft_ms",
+                  rel_tol: float = 0.01) -> pd.DataFrame:
+    """``df`` with a boolean ``frontier`` column: :func:`tolerant_front` over the configurations vLLM accepts.
+
+    Rows with ``vllm_refuses`` are never on the frontier and never push another row off it.
+    Used in chapters 08 and 09.
+
+    Parameters
+    ----------
+    df : DataFrame
+        A two-knob sweep (:func:`batchlab.chapters.two_knobs.two_knob_sweep`), with ``vllm_refuses``.
+    x, y, rel_tol
+        As :func:`tolerant_front`.
+
+    Returns
+    -------
+    DataFrame
+        A copy of ``df`` with the ``frontier`` column.
+    """
+    accepted = df[~df["vllm_refuses"]]
+    front = accepted.index[tolerant_front(accepted, x, y, rel_tol)]
+    return df.assign(frontier=df.index.isin(front))
+
+
+def seqs_plateau(df: pd.DataFrame, y: str = "p99_ttft_ms", tol: float = 0.05) -> pd.DataFrame:
+    """Per rate and token budget, the smallest ``max_num_seqs`` whose ``y`` is within ``tol`` of the best one.
+
+    Where raising the concurrency cap stops paying: every larger cap improves ``y`` by less than ``tol``
+    (a fraction) over this one. Used in chapters 08 and 09.
+
+    Parameters
+    ----------
+    df : DataFrame
+        A two-knob sweep: ``rate_req_s`` (req/s), ``max_num_batched_tokens``, ``max_num_seqs`` and ``y``.
+    y : str
+        The latency column to read (ms).
+    tol : float
+        Fraction of the best ``y`` counted as no improvement.
+
+    Returns
+    -------
+    DataFrame
+        ``rate_req_s``, ``max_num_batched_tokens``, ``max_num_seqs``, ``y`` there and ``best_<y>`` (the lowest
+        over all caps).
+    """
+    rows = []
+    for (rate, tokens), g in df.groupby(["rate_req_s", "max_num_batched_tokens"], sort=True):
+        best = float(g[y].min())
+        first = g[g[y] <= best * (1 + tol)].sort_values("max_num_seqs").iloc[0]
+        rows.append({"rate_req_s": rate, "max_num_batched_tokens": int(tokens),
+                     "max_num_seqs": int(first["max_num_seqs"]), y: float(first[y]), f"best_{y}": best})
+    return pd.DataFrame(rows)
+
+
+def default_vs_best(df: pd.DataFrame, defaults: dict, x: str = "output_throughput", y: str = "p99_ttft_ms",
+                    rel_tol: float = 0.01, also=("p99_itl_ms",)) -> pd.DataFrame:
+    """Per rate, vLLM's default configuration beside the lowest-``y`` configuration at the same throughput.
+
+    "Same throughput" means an ``x`` of at least (1 - rel_tol) times the default's, at any rate of the sweep;
+    configurations vLLM refuses are left out. Ties go to the first in grid order. Used in chapters 08 and 09.
+
+    Parameters
+    ----------
+    df : DataFrame
+        A two-knob sweep: ``rate_req_s`` (req/s), ``max_num_seqs``, ``max_num_batched_tokens``,
+        ``vllm_refuses``, ``x``, ``y`` and the columns of ``also``.
+    defaults : dict
+        ``max_num_seqs`` and ``max_num_batched_tokens`` of the default (:func:`batchlab.vllm_defaults`).
+    x, y, rel_tol
+        As :func:`tolerant_front`.
+    also : sequence of str
+        Further columns to report for both configurations.
+
+    Returns
+    -------
+    DataFrame
+        One row per rate: ``rate_req_s``, ``default_<col>`` and ``best_<col>`` for ``x``, ``y`` and each column
+        of ``also``, and the best configuration's ``best_max_num_seqs`` and ``best_max_num_batched_tokens``.
+    """
+    ok = df[~df["vllm_refuses"]]
+    cols = [x, y, *also]
+    rows = []
+    for rate, g in ok.groupby("rate_req_s", sort=True):
+        dflt = g[(g["max_num_seqs"] == defaults["max_num_seqs"])
+                 & (g["max_num_batched_tokens"] == defaults["max_num_batched_tokens"])].iloc[0]
+        peers = ok[ok[x] >= dflt[x] * (1 - rel_tol)]
+        best = peers.loc[peers[y].idxmin()]
+        rows.append({"rate_req_s": rate} | {f"default_{c}": float(dflt[c]) for c in cols}
+                    | {f"best_{c}": float(best[c]) for c in cols}
+                    | {f"best_{k}": int(best[k]) for k in ("max_num_seqs", "max_num_batched_tokens")})
+    return pd.DataFrame(rows)

@@ -1,5 +1,9 @@
-"""Metrics by their definitions, on runs whose timestamps can be worked out by hand."""
+"""Metrics by their definitions, on runs whose timestamps can be worked out by hand; the run-level measures of
+slot and GPU use (tail waste, idle while waiting, full batches, tokens per step) by closed forms and invariants."""
+from types import SimpleNamespace
+
 import numpy as np
+import pandas as pd
 import pytest
 
 import batchlab as bl
@@ -61,3 +65,94 @@ def test_step_utilisation_is_a_fraction_of_peak(cost8b):
     st = res.steps
     assert (st.compute_util > 0).all() and (st.compute_util <= max(cost8b.eta_compute, cost8b.eta_attn) + 1e-9).all()
     assert (st.bandwidth_util > 0).all() and (st.bandwidth_util <= cost8b.eta_memory + 1e-9).all()
+
+
+# -- run-level measures of slot and GPU use -------------------------------------------------------------------
+def batch_frame(scheduled, finish, release):
+    n = len(finish)
+    return pd.DataFrame({"scheduled_s": scheduled, "finish_s": finish, "release_s": release,
+                         "rejected": [False] * n, "output_tokens": [1] * n})
+
+
+def test_half_empty_fraction_closed_forms():
+    # One batch of two rows from 0 s: half the rows are done at 1 s, the batch ends at 3 s -> 2/3.
+    assert metrics.half_empty_fraction(batch_frame([0, 0], [1, 3], [3, 3])) == pytest.approx(2 / 3)
+    # Every row ends with the batch: no tail.
+    assert metrics.half_empty_fraction(batch_frame([0, 0, 0], [3, 3, 3], [3, 3, 3])) == 0.0
+    # Two batches weigh by their running time: (2 + 0) / (3 + 1).
+    two = batch_frame([0, 0, 3, 3], [1, 3, 4, 4], [3, 3, 4, 4])
+    assert metrics.half_empty_fraction(two) == pytest.approx(0.5)
+    # Three rows: "half done" is the second finish.
+    assert metrics.half_empty_fraction(batch_frame([0, 0, 0], [1, 2, 4], [4, 4, 4])) == pytest.approx(0.5)
+
+
+def fake_run(arrival, scheduled, finish, starts, durations):
+    """The parts of a SimResult that idle_while_waiting_fraction reads."""
+    n = len(arrival)
+    req = pd.DataFrame({"arrival_s": arrival, "scheduled_s": scheduled, "finish_s": finish, "rejected": [False] * n})
+    return SimpleNamespace(requests=req, steps=pd.DataFrame({"start_s": starts, "duration_s": durations}))
+
+
+def test_idle_while_waiting_closed_forms():
+    # A batch of two that waits for its second request: idle from 0 (first arrival) to 1 s, busy 1 to 3 s.
+    run = fake_run([0.0, 1.0], [1.0, 1.0], [3.0, 3.0], [1.0, 2.0], [1.0, 1.0])
+    assert metrics.idle_while_waiting_fraction(run) == pytest.approx(1 / 3)
+    # Idle gap with nobody waiting (the next request arrives when its step starts): no waste.
+    run = fake_run([0.0, 5.0], [0.0, 5.0], [1.0, 6.0], [0.0, 5.0], [1.0, 1.0])
+    assert metrics.idle_while_waiting_fraction(run) == 0.0
+    # Same gap, but the second request arrived at 2 s and was only scheduled at 5 s: 3 s of 6 wasted.
+    run = fake_run([0.0, 2.0], [0.0, 5.0], [1.0, 6.0], [0.0, 5.0], [1.0, 1.0])
+    assert metrics.idle_while_waiting_fraction(run) == pytest.approx(3 / 6)
+
+
+def test_idle_while_waiting_on_real_runs(cost8b):
+    stream = bl.synthetic(200, 256, 64, prompt_cv=0.5, output_cv=1.0, rate_req_s=2.0, seed=1)
+    frac = {}
+    for policy, knobs in [("static", {"batch_size": 8}), ("dynamic", {"batch_size": 8, "max_queue_delay_s": 0.2}),
+                          ("continuous", {}), ("chunked", {})]:
+        frac[policy] = metrics.idle_while_waiting_fraction(bl.simulate(stream, policy, cost8b, **knobs))
+    assert frac["continuous"] == 0.0 and frac["chunked"] == 0.0  # iteration-level servers never idle with work
+    assert frac["static"] > frac["dynamic"] > 0.0
+    # A lockstep batch of one is work-conserving too: it starts as soon as anything waits and the GPU is free.
+    one = bl.simulate(stream, "static", cost8b, batch_size=1)
+    assert metrics.idle_while_waiting_fraction(one) == 0.0
+
+
+def test_dynamic_idles_at_most_one_timer_per_batch(cost8b):
+    stream = bl.synthetic(300, 256, 32, prompt_cv=0.5, output_cv=1.0, rate_req_s=1.0, seed=2)
+    delay = 0.3
+    res = bl.simulate(stream, "dynamic", cost8b, batch_size=16, max_queue_delay_s=delay)
+    batches = int((res.steps["prefill_tokens"] > 0).sum())
+    duration = res.requests["finish_s"].max() - res.requests["arrival_s"].min()
+    idle_s = metrics.idle_while_waiting_fraction(res) * duration
+    assert 0 < idle_s <= batches * delay + 1e-9
+
+
+def test_full_batch_fraction(cost8b):
+    at_once = bl.synthetic(70, 128, 16, output_cv=1.0, seed=0)  # 70 = 8 full batches of 8 and one of 6
+    for policy, knobs in [("static", {}), ("dynamic", {"max_queue_delay_s": 0.0})]:
+        res = bl.simulate(at_once, policy, cost8b, batch_size=8, **knobs)
+        assert metrics.full_batch_fraction(res) == pytest.approx(8 / 9)
+    assert np.isnan(metrics.full_batch_fraction(bl.simulate(at_once, "continuous", cost8b)))
+    # Requests 100 s apart: a dynamic batch never holds more than one.
+    sparse = bl.Requests(np.arange(5) * 100.0, np.full(5, 128), np.full(5, 16))
+    assert metrics.full_batch_fraction(bl.simulate(sparse, "dynamic", cost8b, batch_size=2)) == 0.0
+
+
+def test_tokens_per_step_counts_every_token_once(cost8b):
+    stream = bl.preset("azure-conv-2023", 12, rate_req_s=4.0, seed=0)
+    runs = {"static": bl.simulate(stream, "static", cost8b, batch_size=4),
+            "dynamic": bl.simulate(stream, "dynamic", cost8b, batch_size=4, max_queue_delay_s=0.05),
+            "continuous": bl.simulate(stream, "continuous", cost8b, max_num_seqs=4)}
+    for policy, res in runs.items():
+        gen = metrics.tokens_per_step(res)
+        assert gen.sum() == stream.output_tokens.sum(), policy
+        assert (gen <= res.steps["running"].to_numpy()).all()
+    # Continuous (prompts whole, decodes alongside): every running row emits a token every iteration.
+    cont = runs["continuous"]
+    assert (metrics.tokens_per_step(cont) == cont.steps["running"].to_numpy()).all()
+    # Lockstep: the prefill step emits a first token for every row, later steps only for unfinished rows.
+    static = runs["static"]
+    opens = (static.steps["prefill_tokens"] > 0).to_numpy()
+    assert (metrics.tokens_per_step(static)[opens] == static.steps["running"].to_numpy()[opens]).all()
+    assert (metrics.tokens_per_step(static) < static.steps["running"].to_numpy()).any()

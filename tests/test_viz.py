@@ -1,5 +1,6 @@
-"""Chart schemas and the offline renderer: every builder's spec validates and has the marks, params and
-encodings the pages rely on; the renderer's HTML has deterministic ids and loads nothing from another host."""
+"""Generic chart plumbing: the theme, axis titles, slider grids, tidy frames from a SimResult, the offline
+renderer (deterministic ids, nothing loaded from another host) and the explore widget. Each chapter's own
+charts are tested in tests/chapters/."""
 from __future__ import annotations
 
 import json
@@ -13,26 +14,16 @@ import pandas as pd
 import pytest
 
 import batchlab as bl
-from batchlab import experiments, viz, widgets
-from spec_helpers import axis_titles, marks, walk
+from batchlab import viz, widgets
+from spec_helpers import axis_titles, marks
 
 
 @pytest.fixture(scope="module")
-def cost():
-    return bl.CostModel(bl.get_hardware("h100-sxm"), bl.get_model("llama-3-8b"))
-
-
-@pytest.fixture(scope="module")
-def runs(cost):
+def runs(cost8b):
     stream = bl.synthetic(12, 512, 48, prompt_cv=0.5, output_cv=1.0, rate_req_s=20.0, seed=3)
-    return [bl.simulate(stream, "static", cost, batch_size=4),
-            bl.simulate(stream, "continuous", cost, max_num_seqs=8),
-            bl.simulate(stream, "chunked", cost, max_num_seqs=8, max_num_batched_tokens=256)]
-
-
-@pytest.fixture(scope="module")
-def sweep(cost):
-    return experiments.static_padding_sweep(cost, [0.0, 0.5, 1.0], n_requests=64, batch_size=8, seed=0)
+    return [bl.simulate(stream, "static", cost8b, batch_size=4),
+            bl.simulate(stream, "continuous", cost8b, max_num_seqs=8),
+            bl.simulate(stream, "chunked", cost8b, max_num_seqs=8, max_num_batched_tokens=256)]
 
 
 @pytest.fixture
@@ -51,26 +42,6 @@ def test_theme_and_renderer_are_enabled_on_import():
     assert config["range"]["category"] == viz.PALETTE
 
 
-def test_padding_chart(sweep):
-    summary, batches = sweep
-    spec = spec_of(viz.padding_chart(summary, batches))
-    assert len(spec["hconcat"]) == 2 and "title" not in spec
-    (param,) = spec["params"]
-    assert param["name"] == "cv" and param["bind"] == {"input": "range", "min": 0.0, "max": 1.0, "step": 0.5,
-                                                       "name": "output-length CV"}
-    assert {"line", "point", "text", "bar"} <= marks(spec)
-    filters = list(walk(spec, "filter"))
-    assert len(filters) == 3 and all(" cv)" in f for f in filters)  # marker, label and batch panel follow it
-    assert set(axis_titles(spec)) >= {"share wasted (%)", "output-length coefficient of variation"}
-    bars = spec["hconcat"][1]
-    assert bars["encoding"]["x"]["field"] == "tokens" and bars["encoding"]["color"]["field"] == "kind"
-
-
-def test_padding_chart_without_batch_panel(sweep):
-    spec = spec_of(viz.padding_chart(sweep[0]))
-    assert "layer" in spec and spec["params"][0]["name"] == "cv"
-
-
 def test_gantt_frame_phases_tile_each_request(runs):
     static = runs[0]
     df = viz.gantt_frame(static)
@@ -85,52 +56,11 @@ def test_gantt_frame_phases_tile_each_request(runs):
     assert (df["policy"] == "static").all()
 
 
-def test_gantt_chart(runs):
-    df = pd.concat([viz.gantt_frame(r) for r in runs], ignore_index=True)
-    spec = spec_of(viz.gantt_chart(df))
-    assert spec["facet"]["row"]["field"] == "policy"
-    enc = spec["spec"]["encoding"]
-    assert marks(spec) == {"bar"} and enc["x2"]["field"] == "end_s" and enc["y"]["field"] == "request"
-    assert enc["color"]["scale"]["domain"] == list(viz.PHASES)
-    assert "facet" not in spec_of(viz.gantt_chart(df.drop(columns="policy")))
-
-
-def test_occupancy_chart(runs):
+def test_steps_frame_adds_end_and_milliseconds(runs):
     steps = pd.concat([viz.steps_frame(r, label=r.policy) for r in runs], ignore_index=True)
     assert np.allclose(steps["end_s"], steps["start_s"] + steps["duration_s"])
-    spec = spec_of(viz.occupancy_chart(steps))
-    assert spec["mark"]["interpolate"] == "step-after"
-    assert spec["encoding"]["y"]["field"] == "running" and spec["encoding"]["color"]["field"] == "policy"
-
-
-def roofline_frames(cost, contexts):
-    batch = np.unique(np.round(np.logspace(0, 10, 21, base=2)))
-    b, c = np.meshgrid(batch, contexts)
-    df = pd.DataFrame({"batch": b.ravel(), "context": c.ravel()})
-    df["step_time_s"] = cost.ideal().decode_step_time(df["batch"].to_numpy(), df["context"].to_numpy())
-    knees = pd.DataFrame({"context": contexts, "knee": [cost.ideal().knee(x) for x in contexts]})
-    return df, knees
-
-
-def test_roofline_chart_slider_over_an_even_grid(cost):
-    df, knees = roofline_frames(cost, np.arange(0, 4097, 1024))
-    spec = spec_of(viz.roofline_chart(df, knees))
-    (param,) = spec["params"]
-    assert param["bind"]["input"] == "range" and param["bind"]["step"] == 1024.0
-    assert marks(spec) == {"line", "rule", "text"}
-    x, y = spec["layer"][0]["encoding"]["x"], spec["layer"][0]["encoding"]["y"]
-    assert x["scale"]["type"] == "log" and y["scale"]["type"] == "log"
-    assert y["title"] == "step time (ms)" and x["title"] == "batch size (sequences)"
-    assert all("context)" in f for f in walk(spec, "filter"))
-
-
-def test_roofline_chart_select_over_an_uneven_grid(cost):
-    df, knees = roofline_frames(cost, [0, 512, 1024, 4096, 16384])
-    spec = spec_of(viz.roofline_chart(df.assign(hardware="h100-sxm"), knees.assign(hardware="h100-sxm"),
-                                      color="hardware"))
-    assert spec["params"][0]["bind"] == {"input": "select", "options": [0.0, 512.0, 1024.0, 4096.0, 16384.0],
-                                         "name": "context per sequence (tokens)"}
-    assert spec["layer"][0]["encoding"]["color"]["field"] == "hardware"
+    assert np.allclose(steps["step_time_ms"], steps["duration_s"] * 1e3)
+    assert steps["policy"].tolist() == [r.policy for r in runs for _ in range(len(r.steps))]
 
 
 def test_itl_frame_holds_every_gap(runs):
@@ -144,24 +74,8 @@ def test_itl_frame_holds_every_gap(runs):
     assert spec["encoding"]["y"]["title"] == "inter-token latency (ms)" and spec["encoding"]["x"]["field"] == "time_s"
 
 
-def test_frontier_chart():
-    rows = [{"max_num_seqs": s, "max_num_batched_tokens": t, "output_throughput": 100.0 * s + t / 10,
-             "p99_ttft_ms": 5.0 * s + 1e4 / t} for s in (8, 32, 128) for t in (512, 2048)]
-    df = pd.DataFrame(rows)
-    df["pareto"] = df["p99_ttft_ms"] == df.groupby("max_num_seqs")["p99_ttft_ms"].transform("min")
-    spec = spec_of(viz.frontier_chart(df, frontier="pareto", select="max_num_batched_tokens"))
-    assert len(spec["layer"]) == 2 and marks(spec) == {"line"}
-    assert spec["params"][0]["bind"]["input"] == "range"
-    assert spec["layer"][0]["encoding"]["opacity"]["condition"][0]["test"].startswith("abs(datum['max_num")
-    assert spec["layer"][0]["encoding"]["y"]["title"] == "p99 ttft (ms)"
-    assert "params" not in spec_of(viz.frontier_chart(df))
-
-
-def test_axis_titles_are_lowercase(sweep, runs, cost):
-    df, knees = roofline_frames(cost, [0, 1024])
-    charts = [viz.padding_chart(*sweep), viz.gantt_chart(viz.gantt_frame(runs[0])),
-              viz.occupancy_chart(viz.steps_frame(runs[1])), viz.roofline_chart(df, knees),
-              viz.itl_timeline_chart(viz.itl_frame(runs[2]))]
+def test_axis_titles_are_lowercase(runs):
+    charts = [viz.itl_timeline_chart(viz.itl_frame(runs[2]))]  # each chapter's charts: tests/chapters/
     for chart in charts:
         spec = spec_of(chart)
         assert "title" not in spec, "captions belong to the page"
@@ -206,7 +120,8 @@ def test_renderer_in_the_book(book_mode):
 
 
 def test_renderer_escapes_data_inside_the_script(book_mode):
-    html = small_chart({"x": [1], "y": [2], "label": ["</script><script>alert(1)</script>"]})._repr_mimebundle_()["text/html"]
+    chart = small_chart({"x": [1], "y": [2], "label": ["</script><script>alert(1)</script>"]})
+    html = chart._repr_mimebundle_()["text/html"]
     assert html.count("</script>") == 1 and html.count("<script") == 1
 
 

@@ -1,0 +1,190 @@
+"""Chapter 02, dynamic batching: static, dynamic and iteration-level batching on one real-trace workload.
+
+:func:`policy_grid` runs the three at a few arrival rates (and dynamic batching at each max queue delay);
+the charts read latency against the queue delay (:func:`queue_delay_chart`) and against offered load
+(:func:`load_sweep_chart`).
+"""
+from __future__ import annotations
+
+import altair as alt
+import pandas as pd
+
+from .. import viz
+from ..metrics import full_batch_fraction, idle_while_waiting_fraction
+from ..sim import simulate, vllm_defaults
+from ..workload import preset
+
+LATENCY_COLUMNS = ("mean_e2el_ms", "p99_e2el_ms", "mean_ttft_ms", "p99_ttft_ms")
+POLICY_COLORS = {"static": "#D55E00", "dynamic": "#0072B2", "continuous": "#009E73", "chunked": "#CC79A7"}
+LATENCY_LABELS = {"mean_e2el_ms": "mean e2el", "p99_e2el_ms": "p99 e2el", "mean_ttft_ms": "mean ttft",
+                  "p99_ttft_ms": "p99 ttft"}
+
+
+def policy_grid(cost, workload: str, n_requests: int, rates_req_s, *, batch_size: int = 32, delays_s=(), seed=0,
+                iteration=("continuous", "chunked")) -> pd.DataFrame:
+    """One real-trace workload under static, dynamic (each delay) and iteration-level batching, at each rate.
+
+    At every rate the stream is ``preset(workload, n_requests, rate_req_s, seed)``: the same lengths and the
+    same arrival pattern, compressed or stretched in time (common random numbers), so the rates differ only
+    by load. Iteration-level policies run with vLLM's default ``max_num_seqs`` and ``max_num_batched_tokens``
+    for the GPU (:func:`batchlab.vllm_defaults`); a rate of ``inf`` puts every request at time 0, which
+    measures a policy's saturation throughput as ``vllm bench throughput`` does. Used in chapters 02 and 09.
+
+    Parameters
+    ----------
+    cost : CostModel
+    workload : str
+        A :func:`batchlab.preset` name, e.g. ``"azure-conv-2023"``.
+    n_requests : int
+        Requests per stream.
+    rates_req_s : sequence of float, or mapping of label -> float
+        Mean arrival rates (requests/s; ``inf`` allowed). A mapping also fills a ``load`` column.
+    batch_size : int
+        Rows per lockstep batch (static, dynamic).
+    delays_s : sequence of float
+        ``max_queue_delay_s`` values for ``dynamic`` (seconds); empty: no dynamic runs.
+    seed : int
+    iteration : sequence of str
+        Iteration-level policies to run (``continuous``, ``chunked``).
+
+    Returns
+    -------
+    DataFrame
+        One row per (rate, policy, delay): ``load`` (with a mapping), ``rate_req_s``, ``policy``,
+        ``max_queue_delay_s`` (NaN except dynamic), :data:`LATENCY_COLUMNS` (ms), ``request_throughput``
+        (req/s), ``output_throughput`` (tok/s), ``gpu_busy_fraction``, ``padding_fraction``,
+        :func:`~batchlab.metrics.idle_while_waiting_fraction` and :func:`~batchlab.metrics.full_batch_fraction`.
+    """
+    labelled = list(rates_req_s.items()) if hasattr(rates_req_s, "items") else [(None, r) for r in rates_req_s]
+    runs = ([("static", float("nan"), {"batch_size": batch_size})]
+            + [("dynamic", float(d), {"batch_size": batch_size, "max_queue_delay_s": float(d)}) for d in delays_s]
+            + [(p, float("nan"), vllm_defaults(cost.hardware)) for p in iteration])
+    columns = LATENCY_COLUMNS + ("request_throughput", "output_throughput", "gpu_busy_fraction", "padding_fraction")
+    rows = []
+    for label, rate in labelled:
+        stream = preset(workload, n_requests, rate_req_s=float(rate), seed=seed)
+        for policy, delay, knobs in runs:
+            res = simulate(stream, policy, cost, **knobs)
+            summ = res.summary()
+            row = {"load": label} if label is not None else {}
+            rows.append(row | {"rate_req_s": float(rate), "policy": policy, "max_queue_delay_s": delay}
+                        | {k: summ[k] for k in columns}
+                        | {"idle_while_waiting_fraction": idle_while_waiting_fraction(res),
+                           "full_batch_fraction": full_batch_fraction(res)})
+    return pd.DataFrame(rows)
+
+
+def _policy_color(policies):
+    domain = [p for p in POLICY_COLORS if p in set(policies)]
+    return alt.Color("policy:N", title=None, sort=domain, legend=alt.Legend(orient="top"),
+                     scale=alt.Scale(domain=domain, range=[POLICY_COLORS[p] for p in domain]))
+
+
+def latency_frame(runs: pd.DataFrame) -> pd.DataFrame:
+    """:func:`policy_grid` rows as one row per run and latency metric, for :func:`queue_delay_chart`.
+
+    Used in chapter 02.
+
+    Parameters
+    ----------
+    runs : DataFrame
+        :func:`policy_grid`.
+
+    Returns
+    -------
+    DataFrame
+        The run's ``load`` (if any), ``rate_req_s``, ``policy``, ``max_queue_delay_ms`` (ms, NaN except
+        dynamic), ``metric`` (a :data:`LATENCY_LABELS` value such as "p99 e2el") and ``latency_s`` (s).
+    """
+    ids = [c for c in ("load", "rate_req_s", "policy", "max_queue_delay_s") if c in runs]
+    long = runs.melt(id_vars=ids, value_vars=list(LATENCY_LABELS), var_name="metric", value_name="latency_ms")
+    long["metric"] = long["metric"].map(LATENCY_LABELS)
+    long["latency_s"] = long.pop("latency_ms") / 1e3
+    long["max_queue_delay_ms"] = long.pop("max_queue_delay_s") * 1e3
+    return long
+
+
+def queue_delay_chart(runs: pd.DataFrame, facet: str = "load"):
+    """Latency against dynamic batching's max queue delay, other policies as reference lines.
+
+    Used in chapter 02.
+
+    Parameters
+    ----------
+    runs : DataFrame
+        :func:`policy_grid` with dynamic runs on an evenly spaced delay grid and a ``facet`` column (one
+        panel per load, ordered by ``rate_req_s``).
+    facet : str
+        Column splitting the panels.
+
+    Returns
+    -------
+    altair chart; a slider over the delay marks and labels the dynamic point in every panel, a select box
+    picks the latency metric (mean or p99, e2el or ttft). Latency is on a log axis.
+    """
+    long = latency_frame(runs)
+    delay, at_delay = viz.grid_param("delay", long["max_queue_delay_ms"].dropna(), "max queue delay (ms)",
+                                     field="max_queue_delay_ms")
+    metric = alt.param(name="metric", value=LATENCY_LABELS["mean_e2el_ms"],
+                       bind=alt.binding_select(options=list(LATENCY_LABELS.values()), name="latency "))
+    x = alt.X("max_queue_delay_ms:Q", title="max queue delay (ms)")
+    # Fixed label room and 16 px of padding: switching the metric changes the tick labels and moves the lowest
+    # line's label (drawn under it) to the bottom; neither may grow the chart past its container.
+    y = alt.Y("latency_s:Q", title="latency (s)", scale=alt.Scale(type="log", padding=16),
+              axis=alt.Axis(minExtent=40, maxExtent=40))
+    color = _policy_color(long["policy"])
+    base = alt.Chart().transform_filter("datum.metric == metric")
+    dyn = base.transform_filter("datum.policy == 'dynamic'")
+    ref = base.transform_filter("datum.policy != 'dynamic'")
+    xmax = float(long["max_queue_delay_ms"].max())
+    picked = dyn.transform_filter(at_delay).transform_calculate(label="format(datum.latency_s, '.3~s') + ' s'")
+    layers = [dyn.mark_line(point=True).encode(x=x, y=y, color=color),
+              ref.mark_rule(strokeDash=[5, 3]).encode(y=y, color=color),
+              # continuous and chunked often coincide: one label under its line on the left, the others above
+              ref.transform_filter("datum.policy == 'continuous'").mark_text(align="left", baseline="top", dy=3)
+              .encode(x=alt.datum(0.0), y=y, color=color, text="policy:N"),
+              ref.transform_filter("datum.policy != 'continuous'").mark_text(align="right", baseline="bottom", dy=-2)
+              .encode(x=alt.datum(xmax), y=y, color=color, text="policy:N"),
+              picked.mark_point(size=180, color="black", filled=False).encode(x=x, y=y),
+              picked.transform_filter(f"datum.max_queue_delay_ms <= {xmax / 2}").mark_text(
+                  align="left", dx=9, dy=-9, fontWeight="bold").encode(x=x, y=y, text="label:N"),
+              # higher up than the left-hand label: the reference lines' names sit just above them on the right
+              picked.transform_filter(f"datum.max_queue_delay_ms > {xmax / 2}").mark_text(
+                  align="right", dx=-6, dy=-20, fontWeight="bold").encode(x=x, y=y, text="label:N")]
+    panels = alt.layer(*layers, data=long).properties(width=235, height=260)
+    order = runs.groupby(facet)["rate_req_s"].min().sort_values().index.tolist()
+    return panels.facet(column=alt.Column(f"{facet}:N", title=None, sort=order)).resolve_scale(
+        y="independent").add_params(delay, metric)
+
+
+def load_sweep_chart(runs: pd.DataFrame, capacities: pd.DataFrame, metric: str = "mean_e2el_ms"):
+    """Latency against offered load per policy on log-log axes, saturation throughputs as rules.
+
+    Used in chapter 02.
+
+    Parameters
+    ----------
+    runs : DataFrame
+        :func:`policy_grid` over several rates (at most one delay for dynamic).
+    capacities : DataFrame
+        ``rate_req_s`` (req/s) and ``label`` of each vertical rule, e.g. each policy's saturation throughput.
+    metric : str
+        A latency column of ``runs`` (ms); plotted in seconds.
+
+    Returns
+    -------
+    altair chart.
+    """
+    df = runs.assign(latency_s=runs[metric] / 1e3)
+    lo, hi = df["rate_req_s"].min(), max(df["rate_req_s"].max(), capacities["rate_req_s"].max())
+    x = alt.X("rate_req_s:Q", title="offered load (req/s)",
+              scale=alt.Scale(type="log", nice=False, domain=[0.8 * lo, 1.3 * hi]))
+    lines = alt.Chart(df).mark_line(point=True).encode(
+        x=x, y=alt.Y("latency_s:Q", title=f"{LATENCY_LABELS.get(metric, viz.title(metric))} (s)",
+                     scale=alt.Scale(type="log")),
+        color=_policy_color(df["policy"]), tooltip=["policy:N", alt.Tooltip("rate_req_s:Q", format=".3~g"),
+                                                    alt.Tooltip("latency_s:Q", format=".3~g")])
+    rules = alt.Chart(capacities).mark_rule(color="#888888", strokeDash=[2, 2]).encode(x="rate_req_s:Q")
+    text = alt.Chart(capacities).mark_text(align="right", angle=270, baseline="bottom", dx=-4, color="#555555",
+                                           y=0).encode(x="rate_req_s:Q", text="label:N")
+    return alt.layer(lines, rules, text).properties(width=460, height=280)

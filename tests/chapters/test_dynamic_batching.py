@@ -1,0 +1,107 @@
+"""Chapter 02 (dynamic batching): the policy grid's shape and reference cases, the timer's closed form, and
+the charts' specs (the queue-delay chart with its slider and metric menu, the load sweep)."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from spec_helpers import marks, titles, walk
+
+import batchlab as bl
+from batchlab.chapters import dynamic_batching as chapter
+
+
+@pytest.fixture(scope="module")
+def runs(cost8b):
+    return chapter.policy_grid(cost8b, "azure-conv-2023", 48, {"high": 6.0, "low": 0.3}, batch_size=8,
+                               delays_s=[0.0, 0.01, 0.02], seed=0)
+
+
+def test_ttft_grows_by_exactly_the_delay_when_every_request_is_alone(cost8b):
+    # Requests 100 s apart: each leaves alone when its timer fires, so its ttft is the delay plus one prefill.
+    sparse = bl.Requests(np.arange(6) * 100.0, np.full(6, 300), np.full(6, 20))
+    ttft = [bl.simulate(sparse, "dynamic", cost8b, batch_size=4, max_queue_delay_s=d).summary()["mean_ttft_ms"]
+            for d in (0.0, 0.05, 0.2)]
+    assert ttft[1] - ttft[0] == pytest.approx(50.0) and ttft[2] - ttft[0] == pytest.approx(200.0)
+    assert ttft[0] == pytest.approx(cost8b.prefill_time(300) * 1e3, rel=0.05)
+
+
+def test_policy_grid_shape_and_reference_cases(cost8b):
+    rates_req_s = {"low": 0.5, "high": 8.0}
+    grid = chapter.policy_grid(cost8b, "azure-conv-2023", 64, rates_req_s, batch_size=8, delays_s=[0.0, 0.05],
+                               seed=3)
+    assert len(grid) == 2 * (1 + 2 + 2)
+    assert grid["load"].tolist() == ["low"] * 5 + ["high"] * 5
+    assert grid["rate_req_s"].tolist() == [0.5] * 5 + [8.0] * 5
+    assert grid["policy"].tolist()[:5] == ["static", "dynamic", "dynamic", "continuous", "chunked"]
+    assert grid.loc[grid["policy"] != "dynamic", "max_queue_delay_s"].isna().all()
+    assert set(chapter.LATENCY_COLUMNS) <= set(grid.columns)
+    assert (grid["mean_e2el_ms"] >= grid["mean_ttft_ms"]).all() and (grid["p99_e2el_ms"] >= grid["mean_e2el_ms"]).all()
+    plain = chapter.policy_grid(cost8b, "azure-conv-2023", 64, [0.5], batch_size=8, seed=3, iteration=())
+    assert "load" not in plain and plain["policy"].tolist() == ["static"]
+    assert plain["mean_e2el_ms"].iloc[0] == grid["mean_e2el_ms"].iloc[0]  # same stream, same run
+
+
+def test_dynamic_with_an_endless_timer_is_static(cost8b):
+    # With 64 = 8 x 8 requests every batch fills before a 1e6 s timer fires: the two policies are one.
+    grid = chapter.policy_grid(cost8b, "azure-conv-2023", 64, [1.0], batch_size=8, delays_s=[1e6], iteration=())
+    static, dynamic = grid.iloc[0], grid.iloc[1]
+    for col in (*chapter.LATENCY_COLUMNS, "request_throughput", "padding_fraction"):
+        assert dynamic[col] == static[col], col
+
+
+def test_saturation_throughput_ordering(cost8b):
+    cap = chapter.policy_grid(cost8b, "azure-conv-2023", 256, [np.inf], batch_size=32).set_index("policy")
+    assert (cap["idle_while_waiting_fraction"] == 0).all()
+    # Iteration-level batching serves several times what padded lockstep batches of 32 serve.
+    assert cap.loc["continuous", "request_throughput"] > 3 * cap.loc["static", "request_throughput"]
+    assert cap.loc["static", "padding_fraction"] > 0.5 and cap.loc["continuous", "padding_fraction"] == 0
+
+
+def test_latency_frame_is_one_row_per_run_and_metric(runs):
+    long = chapter.latency_frame(runs)
+    assert len(long) == 4 * len(runs)
+    assert set(long["metric"]) == set(chapter.LATENCY_LABELS.values())
+    p99 = long[(long["metric"] == "p99 e2el")]["latency_s"].to_numpy()
+    assert np.allclose(p99, runs["p99_e2el_ms"].to_numpy() / 1e3)
+    assert sorted(long["max_queue_delay_ms"].dropna().unique()) == pytest.approx([0.0, 10.0, 20.0])
+
+
+def layer_filters(layer):
+    return [t["filter"] for t in layer.get("transform", []) if isinstance(t.get("filter"), str)]
+
+
+def test_queue_delay_chart(runs):
+    spec = chapter.queue_delay_chart(runs).to_dict()
+    assert "title" not in spec
+    facet = spec["facet"]["column"]
+    assert facet["field"] == "load" and facet["sort"] == ["low", "high"]  # panels ordered by rate
+    assert spec["resolve"]["scale"]["y"] == "independent"
+    params = {p["name"]: p for p in spec["params"]}
+    assert params["delay"]["bind"] == {"input": "range", "min": 0.0, "max": 20.0, "step": 10.0,
+                                       "name": "max queue delay (ms)"}
+    assert params["metric"]["bind"]["input"] == "select"
+    assert params["metric"]["bind"]["options"] == list(chapter.LATENCY_LABELS.values())
+    assert marks(spec) == {"line", "rule", "text", "point"}
+    filters = [f for f in walk(spec, "filter") if isinstance(f, str)]
+    assert all(any("metric" in f for f in layer_filters(layer)) for layer in spec["spec"]["layer"])
+    assert sum("delay)" in f for f in filters) == 3  # the ring and its label (two alignments) follow the slider
+    y = spec["spec"]["layer"][0]["encoding"]["y"]
+    assert y["scale"]["type"] == "log" and y["title"] == "latency (s)"
+    assert all(t == t.lower() for t in titles(spec)) and "max queue delay (ms)" in titles(spec)
+    colors = spec["spec"]["layer"][0]["encoding"]["color"]["scale"]
+    assert colors["domain"] == ["static", "dynamic", "continuous", "chunked"]
+
+
+def test_load_sweep_chart(cost8b):
+    sweep = chapter.policy_grid(cost8b, "azure-conv-2023", 48, [0.3, 1.0, 3.0], batch_size=8, delays_s=[0.05],
+                                iteration=("continuous",))
+    caps = pd.DataFrame({"rate_req_s": [2.0, 20.0], "label": ["lockstep saturation", "iteration-level saturation"]})
+    spec = chapter.load_sweep_chart(sweep, caps).to_dict()
+    assert marks(spec) == {"line", "rule", "text"} and "title" not in spec
+    line = spec["layer"][0]["encoding"]
+    assert line["x"]["scale"]["type"] == "log" and line["y"]["scale"]["type"] == "log"
+    assert line["y"]["title"] == "mean e2el (s)" and line["x"]["title"] == "offered load (req/s)"
+    assert spec["layer"][1]["encoding"]["x"]["field"] == "rate_req_s"
+    p99 = chapter.load_sweep_chart(sweep, caps, metric="p99_ttft_ms").to_dict()
+    assert p99["layer"][0]["encoding"]["y"]["title"] == "p99 ttft (s)"

@@ -1,0 +1,131 @@
+"""Chapter 08 (the two knobs): vLLM's defaults per GPU, the sweep's invariants and capacity, and the chart's spec
+(the two knob sliders, the rate selector, the frontier, the default markers and a highlight filtered by all
+three controls)."""
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pandas as pd
+import pytest
+from spec_helpers import walk
+
+import batchlab as bl
+from batchlab.chapters import two_knobs as chapter
+
+X, Y = "output_throughput", "p99_ttft_ms"
+DEFAULTS = {"max_num_seqs": 1024, "max_num_batched_tokens": 8192}
+
+
+def test_vllm_defaults_follow_the_gpu():
+    table = chapter.vllm_defaults_table(["h100-sxm", "h200", "a100-80gb", "h100-pcie"]).set_index("gpu")
+    assert table.loc["h100-sxm", ["max_num_seqs", "max_num_batched_tokens_serve",
+                                  "max_num_batched_tokens_offline"]].tolist() == [1024, 8192, 16384]
+    assert table.loc["h200"].tolist()[1:] == table.loc["h100-sxm"].tolist()[1:]
+    assert table.loc["a100-80gb"].tolist()[1:] == [256, 2048, 8192]  # 80 GiB, but an A100
+    assert table.loc["a100-80gb", "hbm_gib"] == pytest.approx(80.0)
+    assert table.loc["h100-pcie", "max_num_seqs"] == 1024  # 79.6 GiB >= 70
+
+
+@pytest.fixture(scope="module")
+def small_sweep(cost8b):
+    return chapter.two_knob_sweep(cost8b, "azure-conv-2023", [4.0, 40.0], [4, 64, 1024], [512, 2048],
+                                  n_requests=150, seed=1)
+
+
+def test_two_knob_sweep_layout_and_invariants(small_sweep):
+    df = small_sweep
+    assert len(df) == 12 and df["rate_req_s"].tolist() == [4.0] * 6 + [40.0] * 6
+    assert df["vllm_refuses"].tolist() == [False, False, False, False, True, False] * 2
+    assert df["total_output_tokens"].nunique() == 1 and (df["rejected"] == 0).all()  # same lengths at every rate
+    at = df.set_index(["rate_req_s", "max_num_seqs", "max_num_batched_tokens"])
+    assert at.loc[(40.0, 4, 2048), Y] > at.loc[(40.0, 64, 2048), Y]  # a cap of 4 queues an overload
+    assert at.loc[(40.0, 4, 2048), X] < at.loc[(40.0, 64, 2048), X]
+    assert at.loc[(4.0, 64, 2048), Y] < at.loc[(40.0, 64, 2048), Y]  # more load, longer queues
+
+
+def test_two_knob_sweep_is_the_same_on_an_executor(cost8b, small_sweep):
+    with ThreadPoolExecutor(2) as pool:
+        pooled = chapter.two_knob_sweep(cost8b, "azure-conv-2023", [4.0, 40.0], [4, 64, 1024], [512, 2048],
+                                        n_requests=150, seed=1, executor=pool)
+    pd.testing.assert_frame_equal(small_sweep, pooled)
+
+
+def test_saturation_rate_is_the_queued_run_throughput(cost8b):
+    cap = chapter.saturation_rate(cost8b, "azure-conv-2023", 300, seed=2)
+    res = bl.simulate(bl.preset("azure-conv-2023", 300, rate_req_s=np.inf, seed=2), "chunked", cost8b)
+    assert cap == pytest.approx(300 / res.requests["finish_s"].max())
+    assert chapter.saturation_rate(cost8b, "azure-conv-2023", 300, seed=2, max_num_seqs=8) < cap / 2
+
+
+@pytest.fixture
+def df():
+    seqs, tokens, rates = [1024, 2048, 4096], [2048, 4096, 8192, 16384], [5.0, 10.0]
+    rows = [{"rate_req_s": r, "max_num_seqs": s, "max_num_batched_tokens": t, X: 100.0 * r + s / 10,
+             Y: 1e4 / s + t / 100 + r, "p99_itl_ms": t / 100 + 10}
+            for r in rates for s in seqs for t in tokens]
+    out = pd.DataFrame(rows)
+    out["vllm_refuses"] = out["max_num_batched_tokens"] < out["max_num_seqs"]
+    out["frontier"] = [i in (8, 17) for i in range(len(out))]
+    return out
+
+
+def test_two_knobs_chart_controls(df):
+    spec = chapter.two_knobs_chart(df, DEFAULTS, offline_tokens=16384).to_dict()  # validates the schema
+    params = {p["name"]: p for p in spec["params"]}
+    assert set(params) == {"log2_seqs", "log2_tokens", "rate_req_s"}
+    assert params["log2_seqs"]["bind"]["input"] == "range" and params["log2_tokens"]["bind"]["input"] == "range"
+    assert (params["log2_seqs"]["bind"]["min"], params["log2_seqs"]["bind"]["max"]) == (10.0, 12.0)
+    assert params["log2_seqs"]["value"] == 10.0 and params["log2_tokens"]["value"] == 13.0  # vLLM's default
+    assert params["rate_req_s"]["bind"]["input"] == "radio"
+    assert params["rate_req_s"]["bind"]["options"] == [5.0, 10.0]
+    assert params["rate_req_s"]["value"] == 5.0  # the second highest rate
+    chosen = chapter.two_knobs_chart(df, DEFAULTS, rate_req_s=10.0).to_dict()
+    assert params_value(chosen, "rate_req_s") == 10.0
+
+
+def test_two_knobs_chart_layers(df):
+    spec = chapter.two_knobs_chart(df, DEFAULTS, offline_tokens=16384).to_dict()
+    readout, top, bottom = spec["vconcat"]
+    assert readout["mark"]["type"] == "text"
+    assert [layer["mark"]["type"] for layer in top["layer"]] == ["point", "line", "point", "point"]
+    assert [layer["mark"]["type"] for layer in bottom["layer"]] == ["point", "point", "point"]  # no frontier
+    assert top["layer"][0]["encoding"]["y"]["scale"]["type"] == "log"
+    assert top["layer"][0]["encoding"]["y"]["title"] == "p99 ttft (ms)"
+    assert bottom["layer"][0]["encoding"]["y"]["field"] == "p99_itl_ms"
+    assert top["layer"][0]["encoding"]["x"]["title"] == "output throughput (tok/s)"
+    assert {"filter": "datum.frontier"} in top["layer"][1]["transform"]
+    highlight = json.dumps(top["layer"][3]["transform"])
+    assert all(name in highlight for name in ("log2_seqs", "log2_tokens", "rate_req_s"))
+    shapes = top["layer"][0]["encoding"]["shape"]["scale"]
+    assert shapes["domain"] == list(chapter.TWO_KNOB_KINDS) and "cross" in shapes["range"]
+
+
+def test_two_knobs_chart_data(df):
+    spec = chapter.two_knobs_chart(df, DEFAULTS, offline_tokens=16384).to_dict()
+    datasets = list(spec["datasets"].values())
+    points = max(datasets, key=len)
+    assert len(points) == len(df)  # the whole grid is in the page
+    kinds = [row["kind"] for row in points]
+    assert kinds.count("refused by vLLM") == int(df["vllm_refuses"].sum()) == 2  # 4096 sequences, 2048 tokens
+    marks = [d for d in datasets if d is not points][0]
+    assert sorted(row["kind"] for row in marks) == ["vLLM offline default"] * 2 + ["vLLM serve default"] * 2
+    assert {(row["max_num_seqs"], row["max_num_batched_tokens"]) for row in marks} == {(1024, 8192), (1024, 16384)}
+    assert {row["log2_seqs"] for row in points} == {10, 11, 12}
+    without = chapter.two_knobs_chart(df, DEFAULTS).to_dict()
+    assert sum(len(d) for d in without["datasets"].values()) == len(df) + 2  # serve default only, per rate
+    titles = [t for t in walk(spec, "title") if isinstance(t, str)]
+    assert all(t == t.lower() for t in titles if t not in ("request rate (req/s)",))
+    assert np.isclose(params_value(spec, "rate_req_s"), 5.0)
+
+
+def params_value(spec, name):
+    return next(p["value"] for p in spec["params"] if p["name"] == name)
+
+
+def test_uneven_knob_grid_falls_back_to_a_select(df):
+    uneven = df.replace({"max_num_seqs": {4096: 8192}})  # log2 10, 11, 13: a slider would stop on a missing value
+    params = {p["name"]: p for p in chapter.two_knobs_chart(uneven, DEFAULTS).to_dict()["params"]}
+    assert params["log2_seqs"]["bind"]["input"] == "select" and params["log2_tokens"]["bind"]["input"] == "range"
+    assert params["rate_req_s"]["bind"]["input"] == "radio"  # even two evenly spaced rates stay named choices
