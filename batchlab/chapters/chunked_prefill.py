@@ -1,0 +1,167 @@
+"""Chapter 06, chunked prefill: the token budget trades the decoders' worst gap against the newcomer's TTFT.
+
+The scene is :mod:`batchlab.chapters.scenes`' (decoders at 2,048 tokens of KV cache, one 8,000-token prompt
+arriving) under ``policy="chunked"``, once per ``max_num_batched_tokens`` and once with chunking off.
+:func:`fit_chunk_hyperbola` fits (ITL_max - t_d)(TTFT - N alpha) = N alpha t_d to the chunked runs, and the chart
+draws the trade with a budget slider, a chunking checkbox and the decoders' gaps at the chosen setting.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import altair as alt
+import numpy as np
+import pandas as pd
+
+from .. import viz
+from . import scenes
+
+
+def chunk_budget_sweep(cost, max_num_batched_tokens, *, unchunked_max_num_batched_tokens: int = 16384,
+                       window_s: float = 0.1, **scene):
+    """The decoders' worst ITL and the newcomer's TTFT at each token budget, and with chunking off (chapter 06).
+
+    Chunking off is vLLM V1's own switch: ``policy="chunked"`` with ``enable_chunked_prefill=False`` and a
+    budget of ``unchunked_max_num_batched_tokens``, large enough for the whole prompt and the decodes in one
+    iteration.
+
+    Parameters
+    ----------
+    cost : CostModel
+    max_num_batched_tokens : sequence of int
+        Token budgets with chunking on (each above the number of decoders).
+    unchunked_max_num_batched_tokens : int
+        Budget of the unchunked run; must hold the prompt and the decodes.
+    window_s : float
+        Seconds of timeline kept before the arrival and after the newcomer's first token.
+    **scene
+        Passed to :func:`batchlab.chapters.scenes.run` (``n_decoders``, ``context``, ``prompt_tokens``, ...).
+
+    Returns
+    -------
+    points : DataFrame
+        One row per run: ``config`` ("chunked" or "unchunked"), ``max_num_batched_tokens``, ``log2_tokens``,
+        the scene's measures (:func:`batchlab.chapters.scenes.measures`, seconds) and ``arrival_s``.
+    timeline : DataFrame
+        The decoders' gaps around the arrival (:func:`batchlab.chapters.scenes.decoder_gaps`) with
+        ``config``, ``max_num_batched_tokens`` and ``log2_tokens`` columns.
+    """
+    n = scene.get("n_decoders") or scenes.default_decoders(cost, scene.get("context", scenes.CONTEXT))
+    need = scene.get("prompt_tokens", scenes.PROMPT_TOKENS) + n
+    if unchunked_max_num_batched_tokens < need:
+        raise ValueError(f"unchunked_max_num_batched_tokens must hold the prompt and the decodes ({need} tokens)")
+    runs = [("chunked", int(b), run) for b, run in
+            zip(max_num_batched_tokens, scenes.budget_sweep(cost, max_num_batched_tokens, **scene))]
+    off = scenes.run(cost, "chunked", max_num_batched_tokens=int(unchunked_max_num_batched_tokens),
+                     enable_chunked_prefill=False, **scene)
+    runs.append(("unchunked", int(unchunked_max_num_batched_tokens), off))
+    points, lines = [], []
+    for config, tokens, run in runs:
+        label = {"config": config, "max_num_batched_tokens": tokens, "log2_tokens": float(np.log2(tokens))}
+        points.append({**label, **run.measures, "arrival_s": run.arrival_s})  # sliders walk powers of two in log2
+        lines.append(scenes.decoder_gaps(run, window_s, window_s).assign(**label))
+    return pd.DataFrame(points), pd.concat(lines, ignore_index=True)
+
+
+class HyperbolaFit(NamedTuple):
+    """(ITL_max - t_d)(TTFT - N alpha) = N alpha t_d, fitted to chunked-prefill runs (chapter 06)."""
+
+    alpha_s: float  # s per prompt token: the marginal prefill time
+    t_d_s: float  # s: the decode step the chunks ride on
+    prompt_tokens: int  # N
+    max_residual: float  # largest |N alpha / TTFT + t_d / ITL_max - 1| over the fitted points
+    max_ttft_error: float  # largest |TTFT from the hyperbola at a point's ITL_max / its TTFT - 1|
+
+    def ttft_s(self, itl_max_s):
+        """TTFT (s) the hyperbola gives for a worst ITL (s) above t_d."""
+        n_alpha = self.prompt_tokens * self.alpha_s
+        return n_alpha * np.asarray(itl_max_s) / (np.asarray(itl_max_s) - self.t_d_s)
+
+    def curve(self, itl_lo_s: float, itl_hi_s: float, n: int = 60) -> pd.DataFrame:
+        """``itl_max_s`` and ``ttft_s`` along the hyperbola, log-spaced ITLs from lo to hi (lo > t_d)."""
+        itl = np.geomspace(itl_lo_s, itl_hi_s, n)
+        return pd.DataFrame({"itl_max_s": itl, "ttft_s": self.ttft_s(itl)})
+
+
+def fit_chunk_hyperbola(itl_max_s, ttft_s, prompt_tokens: int) -> HyperbolaFit:
+    """Least-squares fit of alpha and t_d to (ITL_max, TTFT) pairs (seconds) of one prompt of N tokens.
+
+    With chunks of c tokens each step takes t_d + c alpha, so ITL_max = t_d + c alpha and
+    TTFT = (N / c)(t_d + c alpha). Then N alpha / TTFT + t_d / ITL_max = c alpha / step + t_d / step = 1 for
+    every c: an equation linear in (N alpha, t_d), solved by ordinary least squares over the points.
+    Used in chapter 06.
+    """
+    u, v = np.asarray(itl_max_s, dtype=float), np.asarray(ttft_s, dtype=float)
+    if u.shape != v.shape or u.size < 2 or (u <= 0).any() or (v <= 0).any():
+        raise ValueError("need at least two positive (itl_max_s, ttft_s) pairs of one shape")
+    design = np.column_stack([1 / v, 1 / u])
+    (n_alpha, t_d), *_ = np.linalg.lstsq(design, np.ones(u.size), rcond=None)
+    residual = float(np.abs(design @ np.array([n_alpha, t_d]) - 1).max())
+    fit = HyperbolaFit(float(n_alpha / prompt_tokens), float(t_d), int(prompt_tokens), residual, np.nan)
+    return fit._replace(max_ttft_error=float(np.abs(fit.ttft_s(u) / v - 1).max()))
+
+
+def chunking_chart(points: pd.DataFrame, timeline: pd.DataFrame, curve: pd.DataFrame,
+                   max_num_batched_tokens: int = 2048):
+    """The chunked-prefill trade: worst decoder ITL against the newcomer's TTFT, and the ITL timeline.
+
+    Used in chapter 06.
+
+    Parameters
+    ----------
+    points : DataFrame
+        :func:`chunk_budget_sweep` points: ``config`` ("chunked"/"unchunked"), ``max_num_batched_tokens``,
+        ``log2_tokens`` (evenly spaced over the chunked rows), ``itl_max_s``, ``ttft_s`` (s).
+    timeline : DataFrame
+        Its timelines: ``config``, ``max_num_batched_tokens``, ``log2_tokens``, ``time_s`` (s since the
+        arrival), ``itl_s``.
+    curve : DataFrame
+        ``itl_max_s`` and ``ttft_s`` along the fitted hyperbola (``HyperbolaFit.curve``).
+    max_num_batched_tokens : int
+        Budget selected at first.
+
+    Returns
+    -------
+    altair chart; the slider picks the budget (as log2) and the checkbox turns chunking off, which moves the
+    ring on the trade-off curve and redraws the timeline.
+    """
+    chunked = points[points["config"] == "chunked"]
+    budget, at_budget = viz.grid_param("log2_tokens", chunked["log2_tokens"], "max_num_batched_tokens = 2^",
+                                       value=float(np.log2(max_num_batched_tokens)))
+    toggle = alt.param(name="chunking", value=True, bind=alt.binding_checkbox(name="chunked prefill "))
+    chosen = f"chunking ? (datum.config == 'chunked' && {at_budget}) : datum.config == 'unchunked'"
+    ms = {"itl_ms": "datum.itl_max_s * 1000", "ttft_ms": "datum.ttft_s * 1000"}
+    x = alt.X("ttft_ms:Q", title="newcomer's time to first token (ms)", scale=alt.Scale(type="log", nice=False),
+              axis=alt.Axis(values=viz.log_ticks(points["ttft_s"] * 1e3), format=","))
+    y = alt.Y("itl_ms:Q", title="decoders' worst inter-token latency (ms)", scale=alt.Scale(type="log", nice=False),
+              axis=alt.Axis(values=viz.log_ticks(points["itl_max_s"] * 1e3), format=","))
+    tips = ["config:N", "max_num_batched_tokens:Q", alt.Tooltip("itl_ms:Q", format=".1f"),
+            alt.Tooltip("ttft_ms:Q", format=".0f")]
+    fit = alt.Chart(curve).transform_calculate(**ms).mark_line(color="#999999", strokeDash=[5, 3], strokeWidth=1.5)
+    base = alt.Chart(points).transform_calculate(**ms).encode(x=x, y=y, tooltip=tips)
+    trade = base.transform_filter("datum.config == 'chunked'").mark_line(point=True, color=viz.PALETTE[0])
+    off = base.transform_filter("datum.config == 'unchunked'").mark_point(shape="square", size=90,
+                                                                          color=viz.PALETTE[3])
+    names = base.transform_filter("datum.config == 'chunked'").mark_text(align="left", dx=8, dy=-8, fontSize=10
+                                                                         ).encode(text="max_num_batched_tokens:Q")
+    ring = base.transform_filter(chosen).mark_point(size=300, filled=False, strokeWidth=2, color="black")
+    left = alt.layer(fit.encode(x=x, y=y), trade.encode(order="max_num_batched_tokens:Q"), off, names, ring
+                     ).properties(width=440, height=250)
+    return alt.vconcat(left, _chunking_timeline(points, timeline, chosen)).add_params(budget, toggle)
+
+
+def _chunking_timeline(points, timeline, chosen):
+    """Lower panel of :func:`chunking_chart`: the decoders' gaps at the chosen run, the first token ruled."""
+    lo, hi = float(timeline["time_s"].min()), float(timeline["time_s"].max())
+    x = alt.X("time_s:Q", title="time since the long prompt arrived (s)", scale=alt.Scale(domain=[lo, hi]))
+    top = float(timeline["itl_s"].max() * 1e3 * 1.08)
+    bars = alt.Chart(timeline).transform_filter(chosen).transform_calculate(itl_ms="datum.itl_s * 1000").mark_bar(
+        width=2.5, color=viz.PALETTE[0]).encode(x=x, y=alt.Y("itl_ms:Q", title="decoders' inter-token latency (ms)",
+                                                             scale=alt.Scale(domain=[0, top])))
+    first = alt.Chart(points).transform_filter(chosen).transform_calculate(
+        label="(datum.config == 'chunked' ? 'budget ' + format(datum.max_num_batched_tokens, ',') + ' tokens'"
+              " : 'chunking off') + ': first token after ' + format(datum.ttft_s * 1000, ',.0f') + ' ms'")
+    rule = first.mark_rule(color=viz.PALETTE[3], strokeDash=[4, 3]).encode(x="ttft_s:Q")
+    text = first.mark_text(align="right", baseline="top", y=2, color=viz.PALETTE[3], fontSize=11).encode(
+        x=alt.value(440), text="label:N")
+    return alt.layer(bars, rule, text).properties(width=440, height=180)

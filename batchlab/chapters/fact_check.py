@@ -1,0 +1,134 @@
+"""Chapter 11, fact check: the article's quantitative claims, each recomputed from the cost model, vLLM's
+defaults or the simulator.
+
+:func:`prefill_gap` and :func:`implied_mfu` price the unchunked long prefill (claim 5),
+:func:`max_num_seqs_table` applies vLLM's default rule (claim 6), and :func:`chunking_tradeoff` runs the shared
+scene of :mod:`batchlab.chapters.scenes` under each token budget (claim 7), drawn by :func:`tradeoff_chart`.
+The cadence of claim 4 is :meth:`batchlab.CostModel.batch_for_step_time`.
+"""
+from __future__ import annotations
+
+import altair as alt
+import numpy as np
+import pandas as pd
+
+from .. import viz
+from ..hardware import GiB
+from ..sim import vllm_defaults
+from . import scenes
+
+
+def prefill_gap(cost, prompt_tokens: int, decoders: int = 0, context: int = 0) -> dict:
+    """The one iteration that prefills a whole ``prompt_tokens`` prompt beside ``decoders`` decodes at ``context``.
+
+    ``context`` is each decoder's cached tokens, as in the shared scene's admitting iteration. Used in
+    chapters 09 and 11.
+
+    Returns
+    -------
+    dict
+        ``step_s`` (seconds: the gap every decoder sees), ``flops`` (FLOP in the step), ``mfu`` (the share of
+        the dtype's peak FLOP/s the step runs at, flops / (step_s * peak)) and ``bound``.
+    """
+    ctx = [context] * decoders
+    br = cost.step_breakdown(prefill_chunks=[(prompt_tokens, 0)], decode_contexts=ctx)
+    return {"step_s": br.total_s, "flops": br.flops, "mfu": br.flops / (br.total_s * cost.peak_flops),
+            "bound": br.bound}
+
+
+def implied_mfu(cost, prompt_tokens: int, gap_s: float, decoders: int = 0, context: int = 0) -> float:
+    """The model FLOPs utilisation at which that prefill step would take exactly ``gap_s`` seconds.
+
+    Used in chapters 09 and 11.
+    """
+    return prefill_gap(cost, prompt_tokens, decoders, context)["flops"] / (gap_s * cost.peak_flops)
+
+
+def max_num_seqs_table(hardware_list, models, tp: int = 1) -> pd.DataFrame:
+    """vLLM's default ``max_num_seqs`` for each GPU and model, beside the article's size rule (chapter 11).
+
+    The article says 1,024 for small models and 256 for large ones; vLLM decides from the GPU alone
+    (:func:`batchlab.vllm_defaults`). One row per (GPU, model): ``gpu``, ``hbm_gib`` (memory the driver
+    reports, GiB), ``model``, ``params_b`` (billions), ``max_num_seqs`` and ``max_num_batched_tokens``
+    (``vllm serve``), ``offline_tokens`` (``LLM``), ``article_rule`` (1024 if under 20 B parameters, else
+    256) and ``agrees``.
+    """
+    rows = []
+    for hw in hardware_list:
+        serve, offline = vllm_defaults(hw, "serve"), vllm_defaults(hw, "offline")
+        for m in models:
+            rule = 1024 if m.params < 20e9 else 256
+            rows.append({"gpu": hw.name, "hbm_gib": hw.hbm_bytes / GiB, "model": m.name, "params_b": m.params / 1e9,
+                         "max_num_seqs": serve["max_num_seqs"],
+                         "max_num_batched_tokens": serve["max_num_batched_tokens"],
+                         "offline_tokens": offline["max_num_batched_tokens"], "article_rule": rule,
+                         "agrees": serve["max_num_seqs"] == rule})
+    return pd.DataFrame(rows)
+
+
+def chunking_tradeoff(cost, max_num_batched_tokens, **scene) -> pd.DataFrame:
+    """The shared scene under each token budget: the newcomer's TTFT against the decoders' tallest gap.
+
+    Every budget replays :mod:`batchlab.chapters.scenes`' scene (by default the 20 ms batch of decoders at
+    2,048 tokens of KV cache, one 8,000-token prompt arriving) through the ``chunked`` policy. Used in
+    chapters 09 and 11.
+
+    Parameters
+    ----------
+    cost : CostModel
+    max_num_batched_tokens : sequence of int
+        Token budgets (each above the number of decoders); the rows come out in increasing order.
+    **scene
+        Passed to :func:`batchlab.chapters.scenes.run` (``n_decoders``, ``context``, ``prompt_tokens``, ...).
+
+    Returns
+    -------
+    DataFrame, one row per budget: ``max_num_batched_tokens``, ``log2_tokens``, and the scene's ``itl_max_s``
+    (the tallest gap of any decoder during the newcomer's prefill), ``ttft_s`` (the newcomer's), ``cadence_s``
+    (the decoders' step before it arrived) and ``chunks`` (iterations its prompt was computed in), in seconds.
+    """
+    tokens = sorted(int(b) for b in max_num_batched_tokens)
+    runs = scenes.budget_sweep(cost, tokens, **scene)
+    keep = ("itl_max_s", "ttft_s", "cadence_s", "chunks")
+    return pd.DataFrame([{"max_num_batched_tokens": b, "log2_tokens": float(np.log2(b)),
+                          **{k: r.measures[k] for k in keep}} for b, r in zip(tokens, runs)])
+
+
+def tradeoff_chart(trade: pd.DataFrame, width: int = 420, height: int = 260):
+    """The newcomer's TTFT against the decoders' tallest gap, one point per token budget (chapter 11).
+
+    Parameters
+    ----------
+    trade : DataFrame
+        :func:`chunking_tradeoff`: ``max_num_batched_tokens``, ``log2_tokens`` (an evenly spaced grid),
+        ``ttft_s``, ``itl_max_s``, ``cadence_s`` (s), ``chunks``.
+
+    Returns
+    -------
+    altair chart; a slider over log2 of the budget rings the chosen point and reads its numbers; the decoders'
+    cadence before the prompt arrived is a dashed rule.
+    """
+    param, at = viz.grid_param("log2_tokens", trade["log2_tokens"], "max_num_batched_tokens = 2^",
+                               value=float(trade["log2_tokens"].max()))
+    ms = trade.assign(ttft_ms=trade["ttft_s"] * 1e3, itl_max_ms=trade["itl_max_s"] * 1e3)
+    x = alt.X("ttft_ms:Q", title="newcomer's ttft (ms)", scale=alt.Scale(zero=False))
+    y = alt.Y("itl_max_ms:Q", title="tallest decoder gap (ms)", scale=alt.Scale(zero=True))
+    base = alt.Chart(ms[["max_num_batched_tokens", "log2_tokens", "ttft_ms", "itl_max_ms", "chunks"]]).encode(x=x, y=y)
+    tooltip = ["max_num_batched_tokens:Q", "chunks:Q", alt.Tooltip("ttft_ms:Q", format=".0f"),
+               alt.Tooltip("itl_max_ms:Q", format=".0f")]
+    cadence = alt.Chart(pd.DataFrame({"itl_max_ms": [float(trade["cadence_s"].median() * 1e3)],
+                                      "text": ["decode cadence before the prompt arrived"]}))
+    picked = base.transform_filter(at).transform_calculate(label=(
+        "format(datum.max_num_batched_tokens, ',') + ' tokens: ' + datum.chunks + ' chunk(s), ttft '"
+        " + format(datum.ttft_ms, ',.0f') + ' ms, gap ' + format(datum.itl_max_ms, ',.0f') + ' ms'"))
+    return alt.layer(
+        base.mark_line(point=True, color=viz.PALETTE[0]).encode(order="max_num_batched_tokens:Q", tooltip=tooltip),
+        base.mark_text(align="left", dx=7, dy=-7, color="#555555").encode(
+            text=alt.Text("max_num_batched_tokens:Q", format=",")),
+        cadence.mark_rule(color="#888888", strokeDash=[4, 3]).encode(y="itl_max_ms:Q"),
+        cadence.mark_text(align="left", baseline="bottom", dy=-3, color="#555555").encode(
+            x=alt.value(4), y="itl_max_ms:Q", text="text:N"),
+        picked.mark_point(size=260, filled=False, color="black", strokeWidth=2),
+        picked.mark_text(align="right", baseline="top", fontWeight="bold").encode(
+            x=alt.value(width), y=alt.value(4), text="label:N"),
+    ).properties(width=width, height=height).add_params(param)

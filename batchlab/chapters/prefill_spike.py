@@ -1,0 +1,172 @@
+"""Chapter 05, the prefill spike: one long prompt computed unchunked stalls every decoder for one whole step.
+
+The scene is :mod:`batchlab.chapters.scenes`' (decoders at 2,048 tokens of KV cache, one 8,000-token prompt
+arriving) under ``policy="continuous"``, Orca's scheduler, in two orders: the prompt computed beside every
+decoder's token (mixed step) or alone (vLLM V0's prefill-only step). Short requests arriving during the
+prefill, and the same stream without the long prompt, show who else waits. The chart draws the decoders' gaps
+around the arrival and the short requests' TTFT, with a select box per model and per order.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import altair as alt
+import numpy as np
+import pandas as pd
+
+from .. import viz
+from ..workload import _rng
+from . import scenes
+
+SPIKE_ORDERS = {"mixed step (Orca)": False, "prefill-only step (vLLM V0)": True}  # label -> prefill_only_steps
+
+
+class Spike(NamedTuple):
+    """One prefill-spike run (chapter 05), from :func:`prefill_spike`."""
+
+    itl: pd.DataFrame  # scenes.decoder_gaps: time_s since the long prompt arrived, itl_s, sequences
+    behind: pd.DataFrame  # short requests: arrival_s (after the long prompt), ttft_s with, ttft_baseline_s without it
+    summary: dict  # the numbers the page reads (seconds unless named otherwise)
+    run: object  # SimResult with the long prompt
+    baseline: object  # SimResult of the same stream without it
+
+
+def prefill_spike(cost, *, n_decoders: int | None = None, context: int = scenes.CONTEXT,
+                  prompt_tokens: int = scenes.PROMPT_TOKENS, n_behind: int = 6, behind_tokens: int = 256,
+                  prefill_only_steps: bool = False, lead_s: float = 0.2, tail_steps: int = 40, seed=0) -> Spike:
+    """The shared scene with the long prompt joining unchunked (policy ``continuous``). Used in chapters 05 and 09.
+
+    ``n_behind`` short requests arrive at times drawn uniformly within ``cost.prefill_time(prompt_tokens)``
+    after the long prompt, so all of them arrive while it is being computed. The same stream without the
+    long prompt is the counterfactual for their TTFT. ``max_num_seqs`` and the KV pool are the GPU's own.
+
+    Parameters
+    ----------
+    cost : CostModel
+    n_decoders, context, prompt_tokens : int
+        The scene's batch (default :func:`batchlab.chapters.scenes.default_decoders`), the decoders' cached
+        tokens when the long prompt can first be admitted, and the long prompt's tokens.
+    n_behind, behind_tokens : int
+        Short requests queued behind the long prompt, and their prompt tokens.
+    prefill_only_steps : bool
+        vLLM V0's order: an iteration that admits prompts runs only them, and the decodes wait.
+    lead_s : float
+        Seconds of the decoders' gaps kept before the arrival in ``itl``.
+    tail_steps : int
+        Decode steps every decoder has left after the long prompt's prefill.
+    seed : int or numpy.random.Generator
+        Draws the short requests' arrival times.
+
+    Returns
+    -------
+    Spike
+        ``summary``: the scene's measures (:func:`batchlab.chapters.scenes.measures`: ``itl_max_s``, the spike;
+        ``ttft_s``, the long prompt's; ``cadence_s``; ``admit_step`` and ``admit_step_s``, ...), and
+        ``prefill_s`` (``cost.prefill_time``), ``ideal_prefill_s`` (``cost.ideal().prefill_time``),
+        ``behind_ttft_s`` and ``behind_ttft_baseline_s`` (means over the short requests), ``n_decoders``,
+        ``context`` and ``kv_pool_tokens``.
+    """
+    behind = np.sort(_rng(seed).uniform(0.0, cost.prefill_time(prompt_tokens), n_behind))
+    kw = dict(n_decoders=n_decoders, context=context, prompt_tokens=prompt_tokens, behind_after_s=behind,
+              behind_tokens=behind_tokens, tail_steps=tail_steps, prefill_only_steps=prefill_only_steps)
+    scene = scenes.run(cost, "continuous", **kw)
+    base = scenes.run(cost, "continuous", newcomer=False, **kw)
+    n = scene.n_decoders
+    ttft = pd.DataFrame({"arrival_s": behind, "ttft_s": scene.res.requests["ttft_s"].to_numpy()[n + 1:],
+                         "ttft_baseline_s": base.res.requests["ttft_s"].to_numpy()[n:]})
+    summary = {**scene.measures, "prefill_s": cost.prefill_time(prompt_tokens),
+               "ideal_prefill_s": cost.ideal().prefill_time(prompt_tokens),
+               "behind_ttft_s": float(ttft["ttft_s"].mean()),
+               "behind_ttft_baseline_s": float(ttft["ttft_baseline_s"].mean()),
+               "n_decoders": n, "context": context,
+               "kv_pool_tokens": (scene.res.knobs["num_kv_blocks"] - 1) * scene.res.knobs["block_size"]}
+    return Spike(scenes.decoder_gaps(scene, before_s=lead_s), ttft, summary, scene.res, base.res)
+
+
+def spike_scenarios(scenarios: dict, orders: dict = SPIKE_ORDERS, **kw):
+    """:func:`prefill_spike` for several models and scheduler orders, as tidy frames for one chart (chapter 05).
+
+    Parameters
+    ----------
+    scenarios : dict
+        Label -> (CostModel, n_decoders); ``n_decoders`` None takes the scene's default batch.
+    orders : dict
+        Label -> ``prefill_only_steps``.
+    **kw
+        Passed to :func:`prefill_spike` (context, prompt_tokens, seed, ...).
+
+    Returns
+    -------
+    itl : DataFrame
+        Decoder gaps with ``model`` and ``order`` columns, ``time_s`` (s, since the long prompt arrived),
+        ``itl_ms`` and ``sequences``.
+    behind : DataFrame
+        The short requests: ``model``, ``order``, ``arrival_ms`` (after the long prompt), ``run`` ("with the
+        long prompt" or "without it") and ``ttft_ms``.
+    summary : DataFrame
+        One row per model and order: the ``Spike.summary`` keys.
+    spikes : dict
+        (model, order) -> Spike, for anything else a page reads.
+    """
+    spikes = {(m, o): prefill_spike(cost, n_decoders=n, prefill_only_steps=v0, **kw)
+              for m, (cost, n) in scenarios.items() for o, v0 in orders.items()}
+    itl = pd.concat([s.itl.assign(model=m, order=o, itl_ms=s.itl["itl_s"] * 1e3) for (m, o), s in spikes.items()],
+                    ignore_index=True)
+    behind = pd.concat([s.behind.assign(model=m, order=o) for (m, o), s in spikes.items()], ignore_index=True)
+    behind = behind.rename(columns={"ttft_s": "with the long prompt", "ttft_baseline_s": "without it"}).melt(
+        id_vars=["model", "order", "arrival_s"], var_name="run", value_name="ttft_s")
+    behind = behind.assign(arrival_ms=behind["arrival_s"] * 1e3, ttft_ms=behind["ttft_s"] * 1e3)
+    summary = pd.DataFrame([{"model": m, "order": o, **s.summary} for (m, o), s in spikes.items()])
+    return itl.drop(columns="itl_s"), behind.drop(columns=["arrival_s", "ttft_s"]), summary, spikes
+
+
+def spike_chart(itl: pd.DataFrame, behind: pd.DataFrame, reference_ms: float | None = None,
+                reference_label: str = "", width: int = 520, height: int = 230):
+    """The decoders' inter-token gaps around a long unchunked prompt, and the TTFT of requests behind it.
+
+    Used in chapter 05.
+
+    Parameters
+    ----------
+    itl : DataFrame
+        ``model``, ``order``, ``time_s`` (s since the long prompt arrived), ``itl_ms``, ``sequences``
+        (:func:`spike_scenarios`).
+    behind : DataFrame
+        ``model``, ``order``, ``arrival_ms``, ``run`` and ``ttft_ms`` of the requests queued behind it.
+    reference_ms : float, optional
+        A gap to draw as a dashed horizontal rule (e.g. a published number), labelled ``reference_label``.
+    width, height : int
+        Pixels of the timeline panel; the TTFT panel below it is as wide and shorter.
+
+    Returns
+    -------
+    altair chart with two select boxes, ``model`` and ``order``, that pick the run both panels show; the
+    largest gap is labelled with its value. The panels are stacked so the chart fits the text column.
+    """
+    model, at_model = viz.choice_param("model", itl["model"].unique(), "model")
+    order, at_order = viz.choice_param("order", itl["order"].unique(), "scheduler order")
+    pick = f"{at_model} && {at_order}"
+    x = alt.X("time_s:Q", title="time since the long prompt arrived (s)")
+    y = alt.Y("itl_ms:Q", title=viz.title("itl_ms"))
+    base = alt.Chart(itl).transform_filter(pick)
+    layers = [
+        base.mark_circle(size=30, opacity=0.85, color=viz.PALETTE[0]).encode(
+            x=x, y=y, tooltip=[alt.Tooltip("time_s:Q", format=".3f"), alt.Tooltip("itl_ms:Q", format=".1f"),
+                               "sequences:Q"]),
+        base.transform_joinaggregate(top="max(itl_ms)").transform_filter("datum.itl_ms == datum.top")
+        .transform_calculate(text="'one gap of ' + format(datum.itl_ms, ',.0f') + ' ms'")
+        .mark_text(align="left", dx=8).encode(x=x, y=y, text="text:N"),
+    ]
+    if reference_ms is not None:
+        ref = alt.Chart(pd.DataFrame({"itl_ms": [reference_ms], "text": [reference_label]}))
+        layers += [ref.mark_rule(color="#888888", strokeDash=[4, 3]).encode(y=y),
+                   ref.mark_text(align="right", baseline="bottom", dy=-3, color="#555555").encode(
+                       x=alt.value(width), y=y, text="text:N")]
+    ttft = alt.Chart(behind).transform_filter(pick).mark_line(point=True).encode(
+        x=alt.X("arrival_ms:Q", title="arrival after the long prompt (ms)"), y=alt.Y("ttft_ms:Q", title="ttft (ms)"),
+        color=alt.Color("run:N", title=None, legend=alt.Legend(orient="top"),
+                        scale=alt.Scale(domain=sorted(behind["run"].unique()), range=[viz.PALETTE[3], viz.PALETTE[2]])),
+        tooltip=["run:N", alt.Tooltip("arrival_ms:Q", format=".1f"), alt.Tooltip("ttft_ms:Q", format=".1f")])
+    return alt.vconcat(alt.layer(*layers).properties(width=width, height=height),
+                       ttft.properties(width=width, height=int(height * 0.6))).resolve_legend(
+        color="independent").add_params(model, order)  # the legend sits with the panel it belongs to

@@ -1,0 +1,235 @@
+"""The scene chapters 05, 06, 09 and 11 share: a batch decoding at a long context, then one long prompt arrives.
+
+A batch of decoders is running, each with ``CONTEXT`` tokens of KV cache, when one ``PROMPT_TOKENS``-token
+prompt (the newcomer) arrives. Chapter 05 runs it unchunked (the prefill spike), chapter 06 under each token
+budget (the hyperbola), chapter 11 checks the article's 20 ms cadence and 400 ms gap on it, and chapter 09
+quotes all three. Every chapter builds the scene here, with these defaults, so a number one chapter quotes for
+it is the number the others quote.
+
+How it is built. The decoders arrive at time 0 with one-token prompts, so every policy, and every token budget
+larger than the batch, admits all of them in the first iteration; they then decode in lockstep. The newcomer
+arrives at the end of the iteration in which each decoder emitted its ``context``-th token, so the next
+iteration, the first that can admit it, decodes every sequence at exactly ``context`` cached tokens: whatever
+the policy or the budget, the newcomer meets the same batch at the same moment. By default the batch is the
+one whose decode step at that context takes the article's 20 ms (:func:`default_decoders`).
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+import pandas as pd
+
+from ..sim import simulate, vllm_defaults
+from ..workload import Requests
+
+CONTEXT = 2048  # tokens of KV cache per decoder in the iteration that can first admit the newcomer
+PROMPT_TOKENS = 8000  # the newcomer's prompt
+CADENCE_S = 0.020  # the article's decode cadence (s): the default batch is the one whose decode step takes this
+NEWCOMER_OUTPUT_TOKENS = 16  # output tokens of the newcomer (and of any short request behind it)
+TAIL_STEPS = 64  # decode steps every decoder still has after the newcomer's prefill, at least
+
+_EPS_S = 1e-9  # token times are sums of step durations: one step's end is bit-equal wherever it is read
+
+
+def default_decoders(cost, context: int = CONTEXT, cadence_s: float = CADENCE_S) -> int:
+    """The scene's batch: the decode batch whose step at ``context`` cached tokens is closest to ``cadence_s``.
+
+    148 sequences for Llama-3-8B BF16 on an H100 SXM at 2,048 tokens and 20 ms (calibrated); raises
+    ``ValueError`` where no batch reaches the cadence (:meth:`batchlab.CostModel.batch_for_step_time`).
+    Used in chapters 05, 06, 09 and 11.
+    """
+    return cost.batch_for_step_time(cadence_s, context)
+
+
+def stream(arrival_s: float, *, n_decoders: int, decoder_output_tokens: int, prompt_tokens: int = PROMPT_TOKENS,
+           newcomer_output_tokens: int = NEWCOMER_OUTPUT_TOKENS, behind_s=(), behind_tokens: int = 256,
+           newcomer: bool = True) -> Requests:
+    """The scene's requests: decoders at time 0, the newcomer at ``arrival_s``, short requests at ``behind_s``.
+
+    Used in chapters 05, 06 and 11 (through :func:`run`).
+
+    Parameters
+    ----------
+    arrival_s : float
+        When the newcomer arrives (s).
+    n_decoders, decoder_output_tokens : int
+        Requests present at time 0 (one-token prompts, so any budget above ``n_decoders`` admits them all in
+        the first iteration) and the output tokens each decodes.
+    prompt_tokens, newcomer_output_tokens : int
+        The newcomer's prompt and output tokens.
+    behind_s : sequence of float
+        Arrival times (s, sorted, >= ``arrival_s``) of short requests queued behind the newcomer.
+    behind_tokens : int
+        Prompt tokens of each short request; they output ``newcomer_output_tokens`` tokens.
+    newcomer : bool
+        False leaves the newcomer out (the counterfactual of chapter 05).
+
+    Returns
+    -------
+    Requests
+        Decoders first (indices 0 .. n_decoders - 1), then the newcomer (if any), then the short requests.
+    """
+    behind = np.asarray(behind_s, dtype=float)
+    one = np.ones(int(newcomer))
+    arrival = np.concatenate([np.zeros(n_decoders), one * arrival_s, behind])
+    prompt = np.concatenate([np.ones(n_decoders), one * prompt_tokens, np.full(behind.size, behind_tokens)])
+    output = np.concatenate([np.full(n_decoders, decoder_output_tokens), one * newcomer_output_tokens,
+                             np.full(behind.size, newcomer_output_tokens)])
+    return Requests(arrival, prompt.astype(np.int64), output.astype(np.int64))
+
+
+class SceneRun(NamedTuple):
+    """One run of the scene, from :func:`run`."""
+
+    res: object  # SimResult: decoders first, then the newcomer (if any), then the short requests
+    arrival_s: float  # when the newcomer arrived (s)
+    n_decoders: int
+    context: int  # cached tokens of every decoder in the iteration that first can admit the newcomer
+    measures: dict  # what the decoders and the newcomer saw (seconds; empty without the newcomer)
+
+
+def _prefill_steps(cost, policy: str, n_decoders: int, prompt_tokens: int, knobs: dict) -> int:
+    """An upper bound on the iterations the newcomer's prefill takes (its chunks, plus one for V0's order)."""
+    chunk = prompt_tokens
+    if policy == "chunked" and knobs.get("enable_chunked_prefill", True):
+        budget = knobs.get("max_num_batched_tokens") or vllm_defaults(cost.hardware)["max_num_batched_tokens"]
+        if budget <= n_decoders:
+            raise ValueError(f"max_num_batched_tokens={budget} leaves no token for the prompt beside "
+                             f"{n_decoders} decodes: it must exceed n_decoders")
+        chunk = budget - n_decoders  # every iteration gives the decodes their token first
+    return math.ceil(prompt_tokens / chunk) + 1
+
+
+def run(cost, policy: str = "chunked", *, n_decoders: int | None = None, context: int = CONTEXT,
+        prompt_tokens: int = PROMPT_TOKENS, newcomer_output_tokens: int = NEWCOMER_OUTPUT_TOKENS,
+        behind_after_s=(), behind_tokens: int = 256, newcomer: bool = True, tail_steps: int = TAIL_STEPS,
+        **knobs) -> SceneRun:
+    """Run the scene once: decoders at ``context`` tokens of KV cache, then the newcomer arrives.
+
+    A pilot run of the decoders alone gives the arrival: the end of the iteration in which each emitted its
+    ``context``-th token. Used in chapters 05, 06, 09 and 11.
+
+    Parameters
+    ----------
+    cost : CostModel
+    policy : {"chunked", "continuous"}
+    n_decoders : int, optional
+        Sequences decoding when the newcomer arrives (default :func:`default_decoders`).
+    context : int
+        Cached tokens of each decoder in the first iteration that can admit the newcomer (>= 2).
+    prompt_tokens, newcomer_output_tokens : int
+        The newcomer's prompt and output tokens.
+    behind_after_s : sequence of float
+        Seconds after the newcomer's arrival (sorted, >= 0) at which short requests arrive.
+    behind_tokens : int
+        Their prompt tokens.
+    newcomer : bool
+        False runs the same stream without the newcomer.
+    tail_steps : int
+        Decode steps the decoders have left after the newcomer's prefill, at least.
+    **knobs
+        Passed to :func:`batchlab.simulate` (``max_num_batched_tokens``, ``enable_chunked_prefill``,
+        ``prefill_only_steps``, ``max_num_seqs``, ...).
+
+    Returns
+    -------
+    SceneRun
+        With :func:`measures` of the run.
+    """
+    n = default_decoders(cost, context) if n_decoders is None else int(n_decoders)
+    if n < 1 or context < 2 or tail_steps < 0:
+        raise ValueError("n_decoders must be >= 1, context >= 2 (a decode step before the arrival) and "
+                         "tail_steps >= 0")
+    output = context + _prefill_steps(cost, policy, n, prompt_tokens, knobs) + tail_steps
+    kw = dict(n_decoders=n, decoder_output_tokens=output, prompt_tokens=prompt_tokens,
+              newcomer_output_tokens=newcomer_output_tokens, behind_tokens=behind_tokens)
+    pilot = simulate(stream(0.0, newcomer=False, **kw), policy, cost, **knobs).token_times[:n]
+    reached = np.array([t[context - 1] for t in pilot])
+    if reached.min() != reached.max():
+        raise ValueError("the decoders were not all admitted in the first iteration: raise max_num_seqs, "
+                         "max_num_batched_tokens or the KV pool")
+    arrival = float(reached[0])
+    behind = arrival + np.asarray(behind_after_s, dtype=float)
+    res = simulate(stream(arrival, behind_s=behind, newcomer=newcomer, **kw), policy, cost, **knobs)
+    return SceneRun(res, arrival, n, context, measures(res, arrival, n) if newcomer else {})
+
+
+def measures(res, arrival_s: float, n_decoders: int) -> dict:
+    """What the decoders and the newcomer (request ``n_decoders``) saw in one run of the scene.
+
+    Used in chapters 05, 06, 09 and 11 (through :func:`run`).
+
+    Returns
+    -------
+    dict
+        ``itl_max_s``: the decoders' tallest gap between two tokens that spans part of the newcomer's prefill
+        (it ends after the arrival and starts before the newcomer's first token; later gaps grow only with
+        the decoders' context). ``ttft_s``: the newcomer's time to first token. ``cadence_s``: the decoders'
+        gap that ended at the arrival, one decode step. ``admit_step`` and ``admit_step_s``: index and
+        duration of the first iteration after the arrival. ``chunks``: iterations from the arrival to the
+        newcomer's first token, each of which computed part of its prompt (or all of it).
+        ``largest_chunk_tokens``: prompt tokens of the largest of them.
+    """
+    req, steps = res.requests, res.steps
+    if not (req["finish_s"].iloc[:n_decoders] > req["first_token_s"].iloc[n_decoders]).all():
+        raise RuntimeError("a decoder finished before the newcomer's first token: raise tail_steps")
+    ttft = float(req["ttft_s"].iloc[n_decoders])
+    first = arrival_s + ttft
+    times = res.token_times[0]  # the decoders move in lockstep
+    gaps = np.diff(times)
+    spans = (times[1:] > arrival_s + _EPS_S) & (times[:-1] < first - _EPS_S)
+    start = steps["start_s"].to_numpy()
+    during = steps[(start >= arrival_s - _EPS_S) & (start < first - _EPS_S)]
+    return {"itl_max_s": float(gaps[spans].max()), "ttft_s": ttft,
+            "cadence_s": float(gaps[np.flatnonzero(times[1:] <= arrival_s + _EPS_S)[-1]]),
+            "admit_step": int(during.index[0]), "admit_step_s": float(during["duration_s"].iloc[0]),
+            "chunks": len(during), "largest_chunk_tokens": int(during["prefill_tokens"].max())}
+
+
+def decoder_gaps(scene: SceneRun, before_s: float | None = None, after_s: float | None = None) -> pd.DataFrame:
+    """The decoders' inter-token gaps around the arrival, one row per (emission time, gap) with how many had it.
+
+    The decoders move in lockstep, so their gaps coincide and counting them keeps the frame small enough to
+    inline in a page. Used in chapters 05 and 06.
+
+    Parameters
+    ----------
+    scene : SceneRun
+    before_s : float, optional
+        Keep gaps ending at most this long before the arrival (s; default all of them).
+    after_s : float, optional
+        Keep gaps ending at most this long after the newcomer's first token (s; default all of them).
+
+    Returns
+    -------
+    DataFrame
+        ``time_s`` (emission of the later token minus the arrival, s), ``itl_s`` (s) and ``sequences``.
+    """
+    times = scene.res.token_times[:scene.n_decoders]
+    df = pd.DataFrame({"time_s": np.concatenate([t[1:] for t in times]) - scene.arrival_s,
+                       "itl_s": np.concatenate([np.diff(t) for t in times])})
+    keep = np.ones(len(df), dtype=bool)
+    if before_s is not None:
+        keep &= df["time_s"].to_numpy() >= -before_s - _EPS_S
+    if after_s is not None:
+        keep &= df["time_s"].to_numpy() <= scene.measures.get("ttft_s", 0.0) + after_s + _EPS_S
+    df = df[keep].round(12)
+    return df.groupby(["time_s", "itl_s"], as_index=False).size().rename(columns={"size": "sequences"})
+
+
+def budget_sweep(cost, max_num_batched_tokens, **scene) -> list[SceneRun]:
+    """The scene under ``policy="chunked"`` at each token budget, in the order given.
+
+    Used in chapters 06, 09 and 11.
+
+    Parameters
+    ----------
+    cost : CostModel
+    max_num_batched_tokens : sequence of int
+        Token budgets (each above the number of decoders).
+    **scene
+        Passed to :func:`run` (``n_decoders``, ``context``, ``prompt_tokens``, other knobs).
+    """
+    return [run(cost, "chunked", max_num_batched_tokens=int(b), **scene) for b in max_num_batched_tokens]

@@ -1,0 +1,136 @@
+"""Chapter 06 (chunked prefill): the budget sweep over the shared scene, the hyperbola fit, and the chart with
+a budget slider and a chunking checkbox."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from spec_helpers import marks, walk
+
+from batchlab import viz
+from batchlab.chapters import chunked_prefill as chapter
+from batchlab.chapters import scenes
+
+SMALL = dict(n_decoders=16, context=512, prompt_tokens=2000)
+BUDGETS = [256, 512, 1024, 2048]
+
+
+def test_hyperbola_fit_recovers_alpha_and_t_d_exactly():
+    # Points that follow the model exactly: step = t_d + c alpha, ITL = step, TTFT = (N / c) step.
+    alpha, t_d, n = 25e-6, 0.018, 8000
+    c = np.array([128, 384, 896, 1920, 3968, 8000.0])
+    fit = chapter.fit_chunk_hyperbola(t_d + c * alpha, n / c * (t_d + c * alpha), n)
+    assert fit.alpha_s == pytest.approx(alpha, rel=1e-9) and fit.t_d_s == pytest.approx(t_d, rel=1e-9)
+    assert fit.max_residual < 1e-9 and fit.max_ttft_error < 1e-9
+    # (ITL - t_d)(TTFT - N alpha) = N alpha t_d along the whole curve, and TTFT falls as ITL rises.
+    curve = fit.curve(0.02, 0.3)
+    product = (curve["itl_max_s"] - t_d) * (curve["ttft_s"] - n * alpha)
+    assert np.allclose(product, n * alpha * t_d)
+    assert (np.diff(curve["ttft_s"]) < 0).all() and curve["itl_max_s"].iloc[0] == pytest.approx(0.02)
+
+
+def test_hyperbola_fit_reports_its_misfit():
+    alpha, t_d, n = 25e-6, 0.018, 8000
+    c = np.array([128, 384, 896, 1920, 3968, 8000.0])
+    itl, ttft = t_d + c * alpha, n / c * (t_d + c * alpha)
+    ttft[2] *= 1.3  # one point off the curve
+    fit = chapter.fit_chunk_hyperbola(itl, ttft, n)
+    errors = np.abs(fit.ttft_s(itl) / ttft - 1)
+    assert fit.max_ttft_error == pytest.approx(errors.max()) and errors.max() > 0.1
+    assert fit.max_residual > 0.05
+    with pytest.raises(ValueError):
+        chapter.fit_chunk_hyperbola([0.02], [0.5], n)
+    with pytest.raises(ValueError):
+        chapter.fit_chunk_hyperbola([0.02, -1.0], [0.5, 0.3], n)
+
+
+@pytest.fixture(scope="module")
+def sweep(cost8b):
+    return chapter.chunk_budget_sweep(cost8b, BUDGETS, unchunked_max_num_batched_tokens=4096, **SMALL)
+
+
+def test_budget_sweep_trades_itl_for_ttft_monotonically(sweep):
+    # Chunks above the GEMM ridge (about 220 tokens per step here): below it a chunk rides almost free in the
+    # memory-bound step, and the decoders' growing context can make a longer prefill's worst gap the taller.
+    points, timeline = sweep
+    chunked = points[points["config"] == "chunked"]
+    assert chunked["max_num_batched_tokens"].tolist() == BUDGETS
+    assert (np.diff(chunked["itl_max_s"]) > 0).all()  # a bigger budget: taller worst gap ...
+    assert (np.diff(chunked["ttft_s"]) < 0).all()  # ... and an earlier first token
+    chunk = np.minimum(np.array(BUDGETS) - SMALL["n_decoders"], SMALL["prompt_tokens"])  # decodes go first
+    assert chunked["largest_chunk_tokens"].tolist() == chunk.tolist()
+    assert chunked["chunks"].tolist() == [math.ceil(SMALL["prompt_tokens"] / c) for c in chunk]
+    assert (chunked["itl_max_s"] > chunked["cadence_s"]).all()
+    assert np.allclose(chunked["log2_tokens"], np.log2(BUDGETS))
+    assert set(timeline["max_num_batched_tokens"]) == set(BUDGETS) | {4096}
+    assert np.isclose(timeline["itl_s"].max(), points["itl_max_s"].max())
+
+
+def test_chunking_off_is_orcas_unchunked_step(sweep, cost8b):
+    points, timeline = sweep
+    off = points[points["config"] == "unchunked"].iloc[0]
+    m = scenes.run(cost8b, "continuous", **SMALL).measures
+    assert (off["itl_max_s"], off["ttft_s"]) == (m["itl_max_s"], m["ttft_s"])
+    step = cost8b.step_time(prefill_chunks=[(SMALL["prompt_tokens"], 0)], decode_contexts=[SMALL["context"]] * 16)
+    assert off["itl_max_s"] == pytest.approx(step, rel=1e-9) and off["chunks"] == 1
+    tl = timeline[timeline["config"] == "unchunked"]
+    assert tl["time_s"].is_monotonic_increasing and tl["time_s"].min() >= -0.1
+    assert tl["time_s"].max() <= off["ttft_s"] + 0.1 + 1e-9
+
+
+def test_sweep_validation(cost8b):
+    with pytest.raises(ValueError, match="n_decoders"):
+        chapter.chunk_budget_sweep(cost8b, [16], **SMALL)
+    with pytest.raises(ValueError, match="unchunked_max_num_batched_tokens"):
+        chapter.chunk_budget_sweep(cost8b, [256], unchunked_max_num_batched_tokens=1024, **SMALL)
+
+
+@pytest.fixture(scope="module")
+def frames(sweep):
+    points, timeline = sweep
+    chunked = points[points["config"] == "chunked"]
+    fit = chapter.fit_chunk_hyperbola(chunked["itl_max_s"], chunked["ttft_s"], SMALL["prompt_tokens"])
+    return points, timeline, fit.curve(chunked["itl_max_s"].min(), chunked["itl_max_s"].max())
+
+
+def test_chunking_chart_params_bind_a_budget_slider_and_a_checkbox(frames):
+    spec = chapter.chunking_chart(*frames, max_num_batched_tokens=1024).to_dict()
+    params = {p["name"]: p for p in spec["params"]}
+    assert params["log2_tokens"]["bind"] == {"input": "range", "min": 8.0, "max": 11.0, "step": 1.0,
+                                             "name": "max_num_batched_tokens = 2^"}
+    assert params["log2_tokens"]["value"] == 10.0
+    assert params["chunking"]["bind"]["input"] == "checkbox" and params["chunking"]["value"] is True
+    assert "title" not in spec and len(spec["vconcat"]) == 2
+
+
+def test_chunking_chart_layers_and_encodings(frames):
+    spec = chapter.chunking_chart(*frames).to_dict()
+    left, right = spec["vconcat"]
+    assert {"line", "point", "text"} <= marks(left) and {"bar", "rule", "text"} <= marks(right)
+    x, y = left["layer"][1]["encoding"]["x"], left["layer"][1]["encoding"]["y"]
+    assert (x["field"], y["field"]) == ("ttft_ms", "itl_ms") and x["scale"]["type"] == y["scale"]["type"] == "log"
+    assert x["title"] == "newcomer's time to first token (ms)"
+    bars = right["layer"][0]["encoding"]
+    assert bars["x"]["field"] == "time_s" and bars["y"]["field"] == "itl_ms"
+    # The ring, the bars, the first-token rule and its label follow both controls.
+    chosen = [f for f in walk(spec, "filter") if isinstance(f, str) and f.startswith("chunking ?")]
+    assert len(chosen) == 4 and all("log2_tokens" in f and "unchunked" in f for f in chosen)
+    titles = [e[c]["title"] for e in walk(spec, "encoding") for c in ("x", "y")
+              if c in e and isinstance(e[c], dict) and isinstance(e[c].get("title"), str)]
+    assert titles and all(t == t.lower() for t in titles)
+
+
+def test_chunking_chart_data_in_seconds_shown_in_ms(frames):
+    points, timeline, curve = frames
+    spec = chapter.chunking_chart(points, timeline, curve).to_dict()
+    calcs = [c["calculate"] for c in walk(spec, "transform") for c in (c if isinstance(c, list) else [c])
+             if isinstance(c, dict) and "calculate" in c]
+    assert "datum.itl_max_s * 1000" in calcs and "datum.itl_s * 1000" in calcs
+
+
+def test_log_ticks_span_the_data_in_1_2_3_5_steps():  # viz's log-axis helper, first used by this chapter's chart
+    assert viz.log_ticks([212.6, 1221.8]) == [200, 300, 500, 1000]
+    assert viz.log_ticks([19.7, 212.6]) == [20, 30, 50, 100, 200, 300]  # a tick past the data is not drawn
+    assert viz.log_ticks([3.3e13, 9.9e14], scale=1e-12) == [30, 50, 100, 200, 300, 500, 1000]
+    assert viz.log_ticks([0.05, 0.2]) == [0.05, 0.1, 0.2, 0.3]

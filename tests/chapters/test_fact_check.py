@@ -1,0 +1,113 @@
+"""Chapter 11 (fact check): each number against its closed form, the chunking trade-off's shape on the shared
+scene, and the trade-off chart with a slider over log2 of the token budget."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from spec_helpers import walk
+
+import batchlab as bl
+from batchlab.chapters import fact_check as chapter
+
+
+@pytest.fixture(scope="module")
+def large(h100):
+    return bl.CostModel(h100, bl.get_model("llama-3-70b"), dtype="fp8")
+
+
+def test_cadence_batch_is_the_closest_batch(cost8b):  # claim 4 (CostModel.batch_for_step_time)
+    b = cost8b.batch_for_step_time(0.020, 2048)
+    step = [cost8b.decode_step_time(x, 2048) for x in (b - 1, b, b + 1)]
+    assert abs(step[1] - 0.020) <= min(abs(step[0] - 0.020), abs(step[2] - 0.020))
+    assert cost8b.batch_for_step_time(0.030, 2048) > b  # a slower cadence carries more sequences
+    with pytest.raises(ValueError, match="outside"):
+        cost8b.batch_for_step_time(0.001, 2048)  # faster than one sequence's step
+
+
+def test_prefill_gap_closed_forms(cost8b, large, h100):
+    ideal = chapter.prefill_gap(cost8b.ideal(), 8000)
+    assert ideal["step_s"] == pytest.approx(0.1468, abs=5e-4)  # DESIGN: about 147 ms at 100 % of BF16 peak
+    assert ideal["mfu"] == pytest.approx(1.0) and ideal["bound"] == "compute"  # the roofline runs at peak
+    m = cost8b.model
+    flops = 2 * m.params * 8000 + 2 * m.layers * m.attn_dim * 8000**2
+    assert ideal["flops"] == pytest.approx(flops)
+    big = chapter.prefill_gap(large.ideal(), 8000)
+    assert big["step_s"] == pytest.approx(0.6128, abs=5e-4)  # >= 613 ms at 100 % of FP8 peak
+    assert big["flops"] / h100.flops_fp8 == pytest.approx(big["step_s"])
+    calibrated = chapter.prefill_gap(cost8b, 8000, decoders=64, context=2048)
+    assert calibrated["step_s"] > ideal["step_s"] and 0 < calibrated["mfu"] < 1
+
+
+def test_implied_mfu(cost8b, large):
+    assert chapter.implied_mfu(large.ideal(), 8000, 0.400) > 1  # impossible on one H100
+    assert chapter.implied_mfu(cost8b, 8000, 0.400, 149, 2048) == pytest.approx(0.373, abs=0.002)
+    gap = chapter.prefill_gap(cost8b, 8000, 10, 1024)
+    assert chapter.implied_mfu(cost8b, 8000, gap["step_s"], 10, 1024) == pytest.approx(gap["mfu"])
+
+
+def test_max_num_seqs_table_follows_the_gpu_not_the_model():
+    gpus = [bl.get_hardware(n) for n in bl.hardware_names()]
+    models = [bl.get_model("llama-3-8b"), bl.get_model("llama-3-70b")]
+    table = chapter.max_num_seqs_table(gpus, models)
+    assert len(table) == len(gpus) * 2
+    assert (table.groupby("gpu")["max_num_seqs"].nunique() == 1).all()
+    at = table.set_index(["gpu", "model"])
+    assert at.loc[("h100-sxm", "llama-3-70b"), "max_num_seqs"] == 1024
+    assert at.loc[("a100-80gb", "llama-3-8b"), ["max_num_seqs", "max_num_batched_tokens", "offline_tokens"]].tolist() \
+        == [256, 2048, 8192]
+    assert at.loc[("h200", "llama-3-8b"), ["max_num_batched_tokens", "offline_tokens"]].tolist() == [8192, 16384]
+    assert (table["agrees"] == (table["max_num_seqs"] == table["article_rule"])).all()
+    assert not at.loc[("h100-sxm", "llama-3-70b"), "agrees"] and at.loc[("h100-sxm", "llama-3-8b"), "agrees"]
+
+
+@pytest.fixture(scope="module")
+def trade(cost8b):
+    return chapter.chunking_tradeoff(cost8b, [4096, 64, 512, 128], n_decoders=16, context=512, prompt_tokens=2000)
+
+
+def test_chunking_tradeoff_chunks_are_the_budget_left_by_the_decodes(trade):
+    # Every iteration gives one token to each of the 16 decoders and the rest of the budget to the prompt.
+    assert trade["max_num_batched_tokens"].tolist() == [64, 128, 512, 4096]  # sorted
+    expected = [math.ceil(2000 / (b - 16)) for b in trade["max_num_batched_tokens"]]
+    assert trade["chunks"].tolist() == expected and expected[-1] == 1
+    np.testing.assert_allclose(trade["log2_tokens"], np.log2(trade["max_num_batched_tokens"]))
+
+
+def test_chunking_tradeoff_no_budget_improves_both(trade, cost8b):
+    assert (np.diff(trade["ttft_s"]) < 0).all() and (np.diff(trade["itl_max_s"]) > 0).all()
+    assert (trade["itl_max_s"] > trade["cadence_s"]).all()
+    # Unchunked, the tallest gap is the step holding the whole prompt beside the decodes at 512 cached tokens.
+    whole = cost8b.step_time(prefill_chunks=[(2000, 0)], decode_contexts=[512] * 16)
+    assert trade["itl_max_s"].iloc[-1] == pytest.approx(whole, rel=1e-9) == chapter.prefill_gap(
+        cost8b, 2000, 16, 512)["step_s"]
+
+
+def test_chunking_tradeoff_rejects_a_budget_the_decodes_fill(cost8b):
+    with pytest.raises(ValueError, match="exceed"):
+        chapter.chunking_tradeoff(cost8b, [16, 512], n_decoders=16, context=512)
+
+
+def test_tradeoff_chart_spec():
+    trade = pd.DataFrame({"max_num_batched_tokens": [512, 1024, 2048], "log2_tokens": [9.0, 10.0, 11.0],
+                          "ttft_s": [0.670, 0.400, 0.300], "itl_max_s": [0.030, 0.041, 0.065],
+                          "cadence_s": [0.0224, 0.0224, 0.0224], "chunks": [23, 10, 5]})
+    spec = chapter.tradeoff_chart(trade).to_dict()
+    (param,) = spec["params"]
+    assert param["name"] == "log2_tokens" and param["value"] == 11.0
+    assert param["bind"] == {"input": "range", "min": 9.0, "max": 11.0, "step": 1.0,
+                             "name": "max_num_batched_tokens = 2^"}
+    kinds = [layer["mark"]["type"] if isinstance(layer["mark"], dict) else layer["mark"] for layer in spec["layer"]]
+    assert kinds.count("text") == 3 and {"line", "rule", "point"} <= set(kinds)
+    filters = list(walk(spec, "filter"))
+    assert len(filters) == 2 and all("log2_tokens" in f for f in filters)  # ring and readout follow the slider
+    line = spec["layer"][0]["encoding"]
+    assert line["x"]["field"] == "ttft_ms" and line["y"]["field"] == "itl_max_ms"
+    assert line["x"]["title"] == "newcomer's ttft (ms)" and line["y"]["title"] == "tallest decoder gap (ms)"
+    points = spec["datasets"][spec["layer"][0]["data"]["name"]]
+    assert [p["ttft_ms"] for p in points] == pytest.approx([670.0, 400.0, 300.0])  # seconds in, shown in ms
+    assert [p["itl_max_ms"] for p in points] == pytest.approx([30.0, 41.0, 65.0])
+    rule = next(layer for layer in spec["layer"] if layer["mark"] == "rule" or layer["mark"].get("type") == "rule")
+    assert spec["datasets"][rule["data"]["name"]][0]["itl_max_ms"] == pytest.approx(22.4)  # the median cadence

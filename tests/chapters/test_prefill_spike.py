@@ -1,0 +1,131 @@
+"""Chapter 05 (prefill spike): the spike is the admitting step, the requests behind the long prompt wait for it,
+V0's order makes it longer; the chart is a timeline and a TTFT panel that two select boxes filter together."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from spec_helpers import axis_titles, marks, walk
+
+import batchlab as bl
+from batchlab import viz
+from batchlab.chapters import prefill_spike as chapter
+
+SMALL = dict(n_decoders=32, context=1024, prompt_tokens=4000, tail_steps=20)
+
+
+@pytest.fixture(scope="module")
+def orca(cost8b):
+    return chapter.prefill_spike(cost8b, n_behind=4, seed=1, **SMALL)
+
+
+@pytest.fixture(scope="module")
+def cost70(h100):
+    return bl.CostModel(h100, bl.get_model("llama-3-70b"), dtype="fp8")
+
+
+def test_the_largest_gap_is_the_admitting_step(orca, cost8b):
+    s, steps = orca.summary, orca.run.steps
+    admit = steps.iloc[s["admit_step"]]
+    # The short requests all arrive after the admitting step began: it holds the long prompt and the decodes.
+    assert admit["prefill_tokens"] == 4000 and admit["decode_seqs"] == 32 and admit["bound"] == "compute"
+    assert s["itl_max_s"] == pytest.approx(s["admit_step_s"], rel=1e-9)
+    assert s["admit_step_s"] >= cost8b.prefill_time(4000) == s["prefill_s"]
+    assert s["ttft_s"] == pytest.approx(s["admit_step_s"], rel=1e-9)  # it arrived as the step began
+    # Every decoder sees that gap exactly once, at the end of the admitting step.
+    top = orca.itl[orca.itl["itl_s"] == orca.itl["itl_s"].max()]
+    assert top["sequences"].tolist() == [32]
+    end = admit["start_s"] + admit["duration_s"] - orca.run.requests["arrival_s"].iloc[32]
+    assert top["time_s"].iloc[0] == pytest.approx(end)
+    # Before the long prompt the decoders run pure decode steps at the cost model's time.
+    assert s["cadence_s"] == pytest.approx(cost8b.decode_step_time(32, 1024 - 1), rel=1e-9)
+    assert s["ideal_prefill_s"] == cost8b.ideal().prefill_time(4000) < s["prefill_s"]
+
+
+def test_timeline_keeps_the_lead_and_every_decoder(orca):
+    gaps = orca.itl
+    assert (gaps["time_s"] < 0).sum() >= 5 and gaps["time_s"].min() >= -0.2 and gaps["itl_s"].min() > 0
+    assert (gaps["sequences"] == 32).all()  # lockstep: one row per iteration, every decoder in it
+    assert orca.run.requests["queue_s"].iloc[32] == 0  # the prompt arrives at a step's end
+
+
+def test_requests_behind_wait_for_the_prefill(orca):
+    b = orca.behind
+    assert len(b) == 4 and (np.diff(b["arrival_s"]) >= 0).all()
+    assert b["arrival_s"].min() >= 0 and b["arrival_s"].max() <= orca.summary["prefill_s"]
+    assert (b["ttft_s"] > b["ttft_baseline_s"]).all()
+    assert orca.summary["behind_ttft_s"] == pytest.approx(b["ttft_s"].mean())
+    assert not orca.baseline.requests["prompt_tokens"].eq(4000).any()
+
+
+def test_v0_order_makes_the_gap_longer_and_no_decode_runs_with_the_prompt(cost8b, orca):
+    v0 = chapter.prefill_spike(cost8b, n_behind=0, prefill_only_steps=True, **SMALL)
+    s = v0.summary
+    admit = v0.run.steps.iloc[s["admit_step"]]
+    assert admit["decode_seqs"] == 0 and admit["prefill_tokens"] == 4000
+    nxt = v0.run.steps.iloc[s["admit_step"] + 1]
+    assert s["itl_max_s"] == pytest.approx(admit["duration_s"] + nxt["duration_s"])
+    assert s["itl_max_s"] > orca.summary["itl_max_s"]
+
+
+def test_spike_grows_with_the_prompt(cost8b):
+    spikes = [chapter.prefill_spike(cost8b, n_decoders=16, context=512, prompt_tokens=n, n_behind=0,
+                                    tail_steps=5).summary["itl_max_s"] for n in (1000, 2000, 4000, 8000)]
+    assert (np.diff(spikes) > 0).all()
+
+
+@pytest.fixture(scope="module")
+def frames(cost8b, cost70):
+    return chapter.spike_scenarios({"8b": (cost8b, 16), "70b": (cost70, 2)}, context=512, prompt_tokens=2000,
+                                   n_behind=3, tail_steps=5)
+
+
+def test_scenarios_frames(frames, cost70):
+    itl, behind, summary, spikes = frames
+    assert len(summary) == 4 and set(spikes) == {(m, o) for m in ("8b", "70b") for o in chapter.SPIKE_ORDERS}
+    assert set(behind["run"]) == {"with the long prompt", "without it"} and len(behind) == 4 * 3 * 2
+    assert {"model", "order", "time_s", "itl_ms", "sequences"} <= set(itl.columns)
+    for (m, o), s in spikes.items():
+        sub = itl[(itl["model"] == m) & (itl["order"] == o)]
+        assert sub["itl_ms"].max() == pytest.approx(s.summary["itl_max_s"] * 1e3)
+    row = summary.set_index(["model", "order"]).loc[("70b", "mixed step (Orca)")]
+    assert row["itl_max_s"] > row["ideal_prefill_s"] >= cost70.ideal().prefill_time(2000)
+    assert row["n_decoders"] == 2 and row["kv_pool_tokens"] > 0
+
+
+def test_spike_chart(frames):
+    itl, behind, _, _ = frames
+    spec = chapter.spike_chart(itl, behind, 400, "the article's 400 ms").to_dict()
+    assert "title" not in spec and len(spec["vconcat"]) == 2
+    params = {p["name"]: p for p in spec["params"]}
+    assert set(params) == {"model", "order"}
+    assert params["model"]["bind"] == {"input": "select", "options": ["8b", "70b"], "name": "model"}
+    assert params["order"]["bind"]["options"] == list(chapter.SPIKE_ORDERS)
+    assert params["model"]["value"] == "8b"
+    picks = [f for f in walk(spec, "filter") if isinstance(f, str) and "== model" in f]
+    assert len(picks) == 3 and all("== order" in f for f in picks)  # dots, spike label, ttft panel
+    assert {"circle", "text", "rule", "line"} <= marks(spec)
+    timeline, ttft = spec["vconcat"]
+    dots = timeline["layer"][0]["encoding"]
+    assert dots["x"]["field"] == "time_s" and dots["y"]["field"] == "itl_ms"
+    assert ttft["encoding"]["color"]["field"] == "run" and ttft["encoding"]["y"]["field"] == "ttft_ms"
+    assert set(axis_titles(spec)) >= {"inter-token latency (ms)", "ttft (ms)"}
+    assert all(t == t.lower() for t in axis_titles(spec))
+    ref = [r for d in spec["datasets"].values() for r in d if r.get("text") == "the article's 400 ms"]
+    assert ref == [{"itl_ms": 400, "text": "the article's 400 ms"}]
+
+
+def test_spike_label_marks_the_largest_gap(frames):
+    itl, behind, _, _ = frames
+    spec = chapter.spike_chart(itl, behind).to_dict()
+    label = spec["vconcat"][0]["layer"][1]
+    ops = [t for t in label["transform"] if "joinaggregate" in t or "filter" in t]
+    assert ops[-2]["joinaggregate"] == [{"op": "max", "field": "itl_ms", "as": "top"}]
+    assert ops[-1]["filter"] == "datum.itl_ms == datum.top"
+    assert len(spec["vconcat"][0]["layer"]) == 2  # no reference rule unless asked
+
+
+def test_choice_param():  # viz's select-box helper, first used by this chapter's chart
+    param, pred = viz.choice_param("gpu", ["h100-sxm", "h200"], "GPU", field="hardware")
+    d = param.param.to_dict()
+    assert d["bind"] == {"input": "select", "options": ["h100-sxm", "h200"], "name": "GPU"} and d["value"] == "h100-sxm"
+    assert pred == "datum['hardware'] == gpu"
