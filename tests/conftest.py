@@ -24,9 +24,13 @@ def cost8b(h100):
 
 @pytest.fixture(scope="session")
 def measured():
-    """The measured H100 timings folder; the calibration and notebook 10's tests fail without it."""
+    """The raw measured H100 timings folder ($BATCHLAB_MEASURED_DIR, else ../shared/data/measured).
+
+    Only tests that read the raw public files need it (mark them ``needs_data``); they skip without it. The
+    calibration itself reads the compact table in data/ and needs no folder.
+    """
     from batchlab import calibrate
     try:
         return calibrate.measured_dir()
-    except FileNotFoundError as err:
-        pytest.fail(f"the measured H100 timings are needed: {err}", pytrace=False)
+    except FileNotFoundError:
+        pytest.skip(f"raw measured timings not found: set {calibrate.MEASURED_ENV} to ../shared/data/measured")
