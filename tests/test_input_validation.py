@@ -67,7 +67,7 @@ def test_bad_arguments_of_the_entry_points(reqs, cost8b, h100):
         bl.synthetic(5, 100, 10, output_cv=-0.5)
     with pytest.raises(ValueError, match="rate"):
         bl.arrivals_gamma(5, 0.0)
-    with pytest.raises(ValueError, match="n must be"):
+    with pytest.raises(ValueError, match="n_requests must be"):
         bl.synthetic(0, 100, 10)
 
 

@@ -1,0 +1,334 @@
+"""Chapter 10, validation: the calibrated cost model against measured H100 timings, and the simulator end to end
+against the figures vLLM published for v0.6.0.
+
+:func:`validation_frames` predicts every measured case twice (DESIGN's starting efficiencies, the calibrated
+ones) from :mod:`batchlab.calibrate`'s public loaders, which read the compact table shipped in ``data/``;
+:func:`parity_chart` draws a sample of them (:func:`parity_sample`). :func:`vllm_v060_runs` replays the
+ShareGPT preset at the blog's arrival rates and :func:`published_chart` draws it beside the published figures.
+"""
+from __future__ import annotations
+
+import altair as alt
+import numpy as np
+import pandas as pd
+
+from .. import calibrate, viz
+from ..models import get_model
+from ..sim import simulate
+from ..workload import Requests, preset
+
+PARITY_DESCRIPTORS = ("model", "op", "geometry", "tp", "workers", "tokens", "batch", "kv_len", "m", "k", "n",
+                      "size_bytes")  # the columns that name a measured case, in the order a label shows them
+STAGE_LABELS = {"before": "before calibration", "after": "after calibration"}
+GROUP_COLORS = {"fit": viz.PALETTE[0], "ridge": viz.PALETTE[1], "held out": viz.PALETTE[3]}
+
+# vLLM v0.6.0 performance update (vLLM blog, 2024-09-05, https://blog.vllm.ai/2024/09/05/perf-update.html),
+# as quoted in data/README.md: Llama-3-8B BF16 on one H100, 500 ShareGPT prompts.
+PUBLISHED_VLLM_V060 = {
+    "prompt_tokens_mean": 202.0,  # tokens, the blog's ShareGPT sample
+    "output_tokens_mean": 179.0,  # tokens
+    "n_requests": 500,
+    "request_throughput": 36.9,  # req/s, every request sent at once
+    "mean_tpot_ms": 13.4,  # ms, at 32 QPS
+    "tpot_rate_req_s": 32.0,  # req/s
+    "mean_ttft_ms_ceiling": 120.0,  # ms, mean TTFT stays under it from 2 to 32 QPS
+    "ttft_rates_req_s": (2.0, 32.0),  # req/s
+    "gpu_busy_before_v060": 0.38,  # share of time the GPU was busy before v0.6 (8B on H100), same post
+}
+V060_COLUMNS = ("request_throughput", "output_throughput", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms",
+                "p99_tpot_ms", "gpu_busy_fraction", "preemptions")
+
+
+def _stage_group(split: pd.Series) -> pd.Series:
+    """fit / ridge / held out: how a measured case was used by the calibration."""
+    return split.where(split.isin(["fit", "ridge"]), "held out")
+
+
+def validation_frames(before, after, floors=None, own=None, root=None):
+    """Every measured case predicted twice, before and after calibration, and the error table (chapter 10).
+
+    Parameters
+    ----------
+    before, after : CostModel
+        H100 SXM cost models: DESIGN's starting efficiencies (``cost.replace(**calibrate.START)``) and the
+        calibrated defaults. Their model and TP are replaced by each measured case's own.
+    floors : KernelFloors, optional
+        Seconds per kernel added to the per-operator sets after calibration (default
+        :func:`batchlab.calibrate.shipped_floors`); the "before" predictions have none, as in
+        ``data/calibration_errors.csv``.
+    own : OwnKernels, optional
+        FP8's and eager PyTorch's efficiencies after calibration (default
+        :func:`batchlab.calibrate.shipped_own_kernels`); the "before" predictions use ``before``'s everywhere.
+    root : path, optional
+        A folder of the raw measured timings; default the compact table in ``data/``, which gives the same.
+
+    Returns
+    -------
+    cases : DataFrame
+        One row per case and stage: ``case_id`` (same case in both stages), ``set``, ``split``, ``group``
+        (fit, ridge, held out), ``stage`` (before, after), ``measured_s``, ``predicted_s``, ``rel_err``
+        (|predicted / measured - 1|) and the case descriptors.
+    errors : DataFrame
+        One row per set: ``cases``, ``median_rel_err_before``, ``worst_rel_err_before``,
+        ``median_rel_err_after``, ``worst_rel_err_after``, ``diagnostic`` (a set timed under efficiencies
+        that are not its kernels', :data:`batchlab.calibrate.DIAGNOSTIC_SETS`), as in the ``all`` rows of
+        ``data/calibration_errors.csv``.
+    """
+    floors = calibrate.shipped_floors() if floors is None else floors
+    own = calibrate.shipped_own_kernels() if own is None else own
+    stages = {"before": calibrate.load_all(before, root), "after": calibrate.load_all(after, root, floors, own)}
+    tables, frames = [], []
+    for stage, frame in stages.items():
+        frame = frame.assign(case_id=np.arange(len(frame)), stage=stage, group=_stage_group(frame["split"]),
+                             rel_err=(frame["predicted_s"] / frame["measured_s"] - 1.0).abs())
+        frames.append(frame)
+        err = calibrate.relative_errors(frame)
+        err = err[err["split"] == "all"].set_index("set")
+        tables.append(err[["cases", "median_rel_err", "worst_rel_err"]].add_suffix(f"_{stage}"))
+    errors = tables[0].join(tables[1].drop(columns="cases_after")).rename(columns={"cases_before": "cases"})
+    errors["diagnostic"] = errors.index.isin(list(calibrate.DIAGNOSTIC_SETS.values()))
+    return pd.concat(frames, ignore_index=True), errors.reset_index()
+
+
+def parity_sample(cases: pd.DataFrame, per_set: int = 100) -> pd.DataFrame:
+    """A few hundred cases per set for a parity chart: evenly spaced in measured time, plus each stage's worst.
+
+    The same cases are kept in both stages, so the before and after panels show the same points. Adds
+    ``measured_ms``, ``predicted_ms`` and a ``case`` label (the descriptors that name the case). Used in
+    chapter 10.
+    """
+    keep = []
+    for _, per in cases.groupby("set", sort=False):
+        first = per[per["stage"] == per["stage"].iloc[0]].sort_values("measured_s", kind="stable")
+        pick = np.unique(np.linspace(0, len(first) - 1, min(per_set, len(first))).round().astype(int))
+        worst = per.loc[per.groupby("stage")["rel_err"].idxmax(), "case_id"]
+        keep += [*first["case_id"].iloc[pick], *worst]
+    out = cases[cases["case_id"].isin(keep)].copy()
+    out["measured_ms"], out["predicted_ms"] = out["measured_s"] * 1e3, out["predicted_s"] * 1e3
+    cols = [c for c in PARITY_DESCRIPTORS if c in out.columns]
+    out["case"] = [", ".join(f"{c} {v:g}" if isinstance(v, float) else f"{c} {v}" for c, v in zip(cols, row)
+                             if not pd.isna(v)) for row in out[cols].itertuples(index=False)]
+    columns = ["case_id", "set", "group", "stage", "case", "measured_ms", "predicted_ms", "rel_err"]
+    return out[columns].reset_index(drop=True)
+
+
+def llmservingsim_forward(cost, root=None) -> pd.DataFrame:
+    """LLMServingSim's eager forward pass of Llama-3.1-8B against ``cost.prefill_time``, elementwise part apart.
+
+    Used in chapter 10.
+
+    Returns
+    -------
+    DataFrame, per prompt length (``tokens``): ``measured_s`` (the whole pass), ``measured_elementwise_s`` (its
+    norms, RoPE and SiLU kernels in 32 layers plus the final norm), ``predicted_s`` (``cost.prefill_time``),
+    ``predicted_elementwise_s`` (the part of it that is the elementwise term) and
+    ``predicted_without_elementwise_s`` (DESIGN's formula, ``eta_elementwise=None``).
+    """
+    layers = calibrate.llmservingsim_layers(root)
+    measured = calibrate.llmservingsim_forward_s(root)
+    model = get_model(calibrate.REFERENCE_MODEL)
+    small = layers[list(calibrate.LLMSERVINGSIM_SMALL_OPS)].sum(axis=1)
+    measured_elem = model.layers * small + layers["final_layernorm"]
+    cost = cost.replace(model=model, dtype="bf16", kv_dtype="bf16", tp=1)
+    parts = [cost.step_breakdown([(int(t), 0)]) for t in measured.index]
+    predicted = np.array([p.total_s for p in parts])
+    elementwise = np.array([p.elementwise_s for p in parts])
+    return pd.DataFrame({
+        "tokens": measured.index.to_numpy(dtype=np.float64), "measured_s": measured.to_numpy(),
+        "measured_elementwise_s": measured_elem.reindex(measured.index).to_numpy(),
+        "predicted_s": predicted, "predicted_elementwise_s": elementwise,
+        "predicted_without_elementwise_s": predicted - elementwise,
+    })
+
+
+def eager_holdout_error(cost, max_tokens: int, root=None) -> pd.Series:
+    """Median error of eager PyTorch's kernels on prompts longer than ``max_tokens``, fitted up to it.
+
+    Refits eager attention's and elementwise efficiencies and floors (:func:`batchlab.calibrate.fit_eager`)
+    on LLMServingSim's prompts of at most ``max_tokens`` tokens, with ``cost``'s other efficiencies, and
+    returns the median relative error per set (``llmservingsim_attn``, ``llmservingsim_elementwise``) on the
+    longer prompts: how far the fitted shape carries. Used in chapter 10.
+    """
+    etas, floors = calibrate.fit_eager(root, max_tokens, cost)
+    own = calibrate.shipped_own_kernels()._replace(eager_eta_attn=etas["eta_attn"],
+                                                   eager_eta_elementwise=etas["eta_elementwise"])
+    frame = calibrate.load_llmservingsim(cost, root, floors, own)
+    eager = frame["set"].isin(["llmservingsim_attn", "llmservingsim_elementwise"]) & (frame["tokens"] > max_tokens)
+    frame = frame[eager]
+    return (frame["predicted_s"] / frame["measured_s"] - 1).abs().groupby(frame["set"]).median()
+
+
+def match_means(requests, prompt_mean: float, output_mean: float):
+    """The same stream with every prompt and output length scaled so their means are the given ones.
+
+    Lengths are rounded and kept >= 1 token; arrivals are unchanged, and so is the shape of each
+    distribution (its coefficient of variation) up to the rounding. Used in chapter 10.
+    """
+
+    def scale(tokens, mean):
+        return np.maximum(np.rint(tokens * (mean / tokens.mean())), 1).astype(np.int64)
+
+    return Requests(requests.arrival_s, scale(requests.prompt_tokens, prompt_mean),
+                    scale(requests.output_tokens, output_mean))
+
+
+def vllm_v060_runs(cost, rates_req_s, *, n_requests: int = 500, seed=0, lengths: str = "blog",
+                   **knobs) -> pd.DataFrame:
+    """The ShareGPT preset through the ``chunked`` policy at each arrival rate (chapter 10).
+
+    Parameters
+    ----------
+    cost : CostModel
+    rates_req_s : sequence of float
+        Mean arrival rates in requests/s; ``inf`` sends every request at time 0 (the throughput run).
+    n_requests : int
+        Requests per run (the blog used 500).
+    seed : int
+        Seed of :func:`batchlab.preset` (lengths and arrivals); the same for every rate.
+    lengths : {"blog", "trace"}
+        "blog" rescales the sampled lengths to the blog's means (:data:`PUBLISHED_VLLM_V060`, with
+        :func:`match_means`); "trace" keeps the ShareGPT file's own.
+    **knobs
+        Passed to :func:`batchlab.simulate` (default: vLLM's defaults for the GPU).
+
+    Returns
+    -------
+    DataFrame, one row per rate: ``rate_req_s``, ``lengths``, ``prompt_tokens_mean``, ``output_tokens_mean`` and
+    the summary keys of :data:`V060_COLUMNS`.
+    """
+    if lengths not in ("blog", "trace"):
+        raise ValueError(f"lengths must be 'blog' or 'trace', got {lengths!r}")
+    rows = []
+    for rate in rates_req_s:
+        stream = preset("sharegpt", n_requests, rate_req_s=float(rate), seed=seed)
+        if lengths == "blog":
+            stream = match_means(stream, PUBLISHED_VLLM_V060["prompt_tokens_mean"],
+                                 PUBLISHED_VLLM_V060["output_tokens_mean"])
+        summ = simulate(stream, "chunked", cost, **knobs).summary()
+        rows.append({"rate_req_s": float(rate), "lengths": lengths,
+                     "prompt_tokens_mean": float(stream.prompt_tokens.mean()),
+                     "output_tokens_mean": float(stream.output_tokens.mean()), **{k: summ[k] for k in V060_COLUMNS}})
+    return pd.DataFrame(rows)
+
+
+def published_comparison(runs: pd.DataFrame, published: dict = PUBLISHED_VLLM_V060) -> pd.DataFrame:
+    """Predicted beside published for the three figures of the vLLM v0.6.0 post, ``ratio`` = predicted / published.
+
+    ``runs`` is :func:`vllm_v060_runs` of one ``lengths`` over rates including ``inf``, ``tpot_rate_req_s``
+    and the TTFT range. The TTFT figure is a ceiling: its row compares the highest predicted mean TTFT in the
+    range. Used in chapter 10.
+    """
+    at = runs.set_index("rate_req_s")
+    lo, hi = published["ttft_rates_req_s"]
+    in_range = at[(at.index >= lo) & (at.index <= hi)]
+    rows = [("request throughput (req/s)", "all 500 requests at once", published["request_throughput"],
+             at.loc[np.inf, "request_throughput"]),
+            ("mean TPOT (ms)", f"{published['tpot_rate_req_s']:g} QPS", published["mean_tpot_ms"],
+             at.loc[published["tpot_rate_req_s"], "mean_tpot_ms"]),
+            ("mean TTFT (ms), highest", f"{lo:g} to {hi:g} QPS", published["mean_ttft_ms_ceiling"],
+             in_range["mean_ttft_ms"].max())]
+    out = pd.DataFrame(rows, columns=["figure", "condition", "published", "predicted"])
+    out["ratio"] = out["predicted"] / out["published"]
+    return out
+
+
+def parity_frame(sample: pd.DataFrame, band: float = 0.15) -> pd.DataFrame:
+    """Parity points plus, per set and stage, the lines y = x and y = (1 +- ``band``) x spanning the set's range.
+
+    ``sample`` is :func:`parity_sample`. Adds ``kind`` ("case" or the line's label) and ``panel`` (the stage as
+    "before calibration" / "after calibration"). Cases predicted at 0 (a term the starting model does not have)
+    cannot sit on a log axis and are left out. Used in chapter 10.
+    """
+    sample = sample[sample["predicted_ms"] > 0]
+    rows = []
+    for name, per in sample.groupby("set", sort=False):
+        lo = min(per["measured_ms"].min(), per["predicted_ms"].min()) / (1 + band)
+        hi = max(per["measured_ms"].max(), per["predicted_ms"].max()) * (1 + band)
+        for stage in per["stage"].unique():
+            for label, k in (("y = x", 1.0), (f"±{band:.0%}", 1 + band), (f"±{band:.0%}", 1 - band)):
+                rows.append({"set": name, "stage": stage, "kind": label, "line": f"{label} {k}",
+                             "measured_ms": [lo, hi], "predicted_ms": [lo * k, hi * k]})
+    lines = pd.DataFrame(rows).explode(["measured_ms", "predicted_ms"]).astype(
+        {"measured_ms": float, "predicted_ms": float})
+    out = pd.concat([sample.assign(kind="case", line=""), lines], ignore_index=True)
+    out["panel"] = out.pop("stage").map(STAGE_LABELS)
+    for col in ("measured_ms", "predicted_ms", "rel_err"):  # four digits are plenty on a log axis, and a smaller page
+        out[col] = [float(f"{v:.4g}") for v in out[col]]
+    return out.drop(columns=[c for c in ("case_id",) if c in out])
+
+
+def parity_chart(sample: pd.DataFrame, value: str | None = None, band: float = 0.15, size: int = 260):
+    """Predicted against measured time on log-log axes, before and after calibration side by side (chapter 10).
+
+    Parameters
+    ----------
+    sample : DataFrame
+        :func:`parity_sample`: ``set``, ``stage`` (before, after), ``group`` (fit, ridge, held out), ``case``,
+        ``measured_ms``, ``predicted_ms`` (ms), ``rel_err``.
+    value : str, optional
+        The set shown first (default: the first in ``sample``).
+    band : float
+        Relative error drawn as dashed lines around y = x (the calibration target, 15 %).
+    size : int
+        Pixels of each square panel.
+
+    Returns
+    -------
+    altair chart; a select box picks the measured set, both panels redraw with their axes fitted to it.
+    """
+    data = parity_frame(sample, band)
+    sets = list(dict.fromkeys(sample["set"]))
+    param = alt.param(name="measured_set", value=value or sets[0],
+                      bind=alt.binding_select(options=sets, name="measured set "))
+    axis = {"scale": alt.Scale(type="log", nice=False),
+            "axis": alt.Axis(labelExpr=viz.LOG125_LABEL, labelOverlap="greedy")}
+    x = alt.X("measured_ms:Q", title="measured time (ms)", **axis)
+    y = alt.Y("predicted_ms:Q", title="predicted time (ms)", **axis)
+    base = alt.Chart().transform_filter("datum.set == measured_set")
+    points = base.transform_filter("datum.kind == 'case'").mark_circle(size=22, opacity=0.7).encode(
+        x=x, y=y, color=alt.Color("group:N", title=None, legend=alt.Legend(orient="top"),
+                                  scale=alt.Scale(domain=list(GROUP_COLORS), range=list(GROUP_COLORS.values()))),
+        tooltip=["case:N", alt.Tooltip("measured_ms:Q", format=".4~g"), alt.Tooltip("predicted_ms:Q", format=".4~g"),
+                 alt.Tooltip("rel_err:Q", format=".1%", title="relative error")])
+    lines = base.transform_filter("datum.kind != 'case'").mark_line(color="#555555", strokeWidth=1).encode(
+        x=x, y=y, detail="line:N", strokeDash=alt.StrokeDash("kind:N", title=None, legend=alt.Legend(orient="top"),
+                                                             scale=alt.Scale(range=[[1, 0], [4, 3]])))
+    panels = alt.layer(lines, points, data=data).properties(width=size, height=size)
+    return panels.facet(column=alt.Column("panel:N", title=None, sort=list(STAGE_LABELS.values()))).add_params(param)
+
+
+def published_chart(runs: pd.DataFrame, published: dict = PUBLISHED_VLLM_V060, width: int = 250, height: int = 220):
+    """Mean TTFT and mean TPOT against arrival rate, simulated, beside the published vLLM figures (chapter 10).
+
+    Parameters
+    ----------
+    runs : DataFrame
+        :func:`vllm_v060_runs` (one or more ``lengths``): ``rate_req_s`` (req/s; the ``inf`` run is not drawn),
+        ``lengths``, ``mean_ttft_ms``, ``mean_tpot_ms``.
+    published : dict
+        :data:`PUBLISHED_VLLM_V060`: the TTFT ceiling over ``ttft_rates_req_s`` is drawn as a dashed segment,
+        the TPOT at ``tpot_rate_req_s`` as a black diamond.
+    """
+    finite = runs[np.isfinite(runs["rate_req_s"])]
+    x = alt.X("rate_req_s:Q", title="arrival rate (req/s)")
+    blog = f"rescaled to the blog's {published['prompt_tokens_mean']:g} / {published['output_tokens_mean']:g} tokens"
+    color = alt.Color("lengths:N", title="prompt / output lengths", legend=alt.Legend(
+        orient="top", direction="vertical", labelLimit=0,
+        labelExpr=f"datum.label == 'blog' ? \"{blog}\" : 'the ShareGPT file\\'s own'"))
+    lo, hi = published["ttft_rates_req_s"]
+    ceiling = pd.DataFrame({"rate_req_s": [lo, hi], "mean_ttft_ms": published["mean_ttft_ms_ceiling"],
+                            "what": "published ceiling"})
+    tpot = pd.DataFrame({"rate_req_s": [published["tpot_rate_req_s"]], "mean_tpot_ms": [published["mean_tpot_ms"]],
+                         "what": ["published"]})
+    panels = []
+    for col, ref in (("mean_ttft_ms", ceiling), ("mean_tpot_ms", tpot)):
+        y = alt.Y(f"{col}:Q", title=viz.title(col), scale=alt.Scale(zero=True))
+        sim = alt.Chart(finite).mark_line(point=True).encode(
+            x=x, y=y, color=color, tooltip=["lengths:N", "rate_req_s:Q", alt.Tooltip(f"{col}:Q", format=".1f")])
+        if len(ref) > 1:
+            mark = alt.Chart(ref).mark_line(color="black", strokeDash=[4, 3])
+        else:
+            mark = alt.Chart(ref).mark_point(shape="diamond", size=120, filled=True, color="black")
+        text = alt.Chart(ref.tail(1)).mark_text(align="right", dx=-8, dy=-10).encode(x=x, y=y, text="what:N")
+        panels.append(alt.layer(sim, mark.encode(x=x, y=y), text).properties(width=width, height=height))
+    return alt.hconcat(*panels)

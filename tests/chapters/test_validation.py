@@ -1,0 +1,197 @@
+"""Chapter 10 (validation): the validation frames agree with the shipped calibration, the sampler keeps what a
+parity chart needs, the end-to-end runs behave like a server (closed forms on hand-made frames, invariants); the
+parity chart (select over sets, before/after panels, log axes, y = x and the target band) and the end-to-end
+chart beside the published vLLM figures. Everything reads the compact measured-timings table in data/."""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+from spec_helpers import marks, walk
+
+import batchlab as bl
+from batchlab import calibrate, viz
+from batchlab._data import DATA_DIR
+from batchlab.chapters import validation as chapter
+
+
+@pytest.fixture(scope="module")
+def costs(cost8b):
+    return cost8b.replace(**calibrate.START), cost8b
+
+
+@pytest.fixture(scope="module")
+def frames(costs):
+    return chapter.validation_frames(*costs)
+
+
+def test_errors_reproduce_the_shipped_error_table(frames):
+    _, errors = frames
+    shipped = pd.read_csv(DATA_DIR / "calibration_errors.csv")
+    shipped = shipped[shipped["split"] == "all"].set_index("set")
+    ours = errors.set_index("set").loc[shipped.index]
+    assert (ours["cases"] == shipped["cases"]).all()
+    for col in ("median_rel_err_before", "worst_rel_err_before", "median_rel_err_after", "worst_rel_err_after"):
+        np.testing.assert_allclose(ours[col], shipped[col], atol=1e-3)  # the CSV is rounded to 4 decimals
+
+
+def test_cases_pair_up_across_stages(frames):
+    cases, errors = frames
+    before, after = (cases[cases["stage"] == s].set_index("case_id") for s in ("before", "after"))
+    assert before.index.equals(after.index) and (before["measured_s"] == after["measured_s"]).all()
+    np.testing.assert_allclose(after["rel_err"], (after["predicted_s"] / after["measured_s"] - 1).abs())
+    assert set(cases["group"]) == {"fit", "ridge", "held out"}
+    counts = before.groupby("set").size()
+    assert (errors.set_index("set").loc[counts.index, "cases"] == counts).all()
+    # Kernel floors only raise a prediction: the per-operator sets after calibration never predict 0.
+    assert (after["predicted_s"] > 0).all()
+    assert errors.set_index("set")["diagnostic"].sum() == len(calibrate.DIAGNOSTIC_SETS)
+
+
+def test_parity_sample_keeps_each_panels_worst_and_pairs(frames):
+    cases, _ = frames
+    sample = chapter.parity_sample(cases, per_set=20)
+    for name, per in sample.groupby("set"):
+        ids = per.groupby("stage")["case_id"].apply(set)
+        assert ids["before"] == ids["after"] and len(ids["after"]) <= 22
+        full = cases[cases["set"] == name]
+        for stage in ("before", "after"):
+            assert per.loc[per["stage"] == stage, "rel_err"].max() == full.loc[full["stage"] == stage, "rel_err"].max()
+    np.testing.assert_allclose(sample["measured_ms"], cases.set_index(["case_id", "stage"]).loc[
+        list(zip(sample["case_id"], sample["stage"])), "measured_s"].to_numpy() * 1e3)
+    assert sample["case"].str.len().min() > 0
+
+
+def test_llmservingsim_forward_parts(costs):
+    out = chapter.llmservingsim_forward(costs[1])
+    assert len(out) == 2048
+    assert ((out["measured_elementwise_s"] > 0) & (out["measured_elementwise_s"] < out["measured_s"])).all()
+    np.testing.assert_allclose(out["predicted_s"].iloc[[0, -1]],
+                               [costs[1].prefill_time(int(t)) for t in out["tokens"].iloc[[0, -1]]])
+    # The elementwise term is exactly the difference between the model with and without it.
+    np.testing.assert_allclose(out["predicted_s"] - out["predicted_without_elementwise_s"],
+                               out["predicted_elementwise_s"], rtol=1e-9, atol=1e-12)
+    # Eager PyTorch's elementwise kernels are slower than the fused ones the model charges for.
+    assert (out["measured_elementwise_s"] > out["predicted_elementwise_s"]).all()
+
+
+def test_eager_holdout_error_is_measured_on_the_longer_prompts_only(costs):
+    short = chapter.eager_holdout_error(costs[1], max_tokens=1024)
+    shipped = chapter.eager_holdout_error(costs[1], max_tokens=calibrate.EAGER_FIT_MAX_TOKENS)
+    assert set(short.index) == set(shipped.index) == {"llmservingsim_attn", "llmservingsim_elementwise"}
+    assert (short > 0).all() and shipped["llmservingsim_attn"] < short["llmservingsim_attn"]  # fit on more, fit better
+
+
+def test_match_means_hits_the_targets_and_keeps_arrivals():
+    stream = bl.preset("sharegpt", 2000, rate_req_s=5.0, seed=1)
+    matched = chapter.match_means(stream, 202.0, 179.0)
+    assert abs(matched.prompt_tokens.mean() - 202.0) < 0.5 and abs(matched.output_tokens.mean() - 179.0) < 0.5
+    assert (matched.arrival_s == stream.arrival_s).all() and matched.prompt_tokens.min() >= 1
+    cv = lambda a: a.std() / a.mean()  # noqa: E731
+    assert cv(matched.output_tokens) == pytest.approx(cv(stream.output_tokens), rel=0.02)  # same shape
+
+
+def test_vllm_v060_runs_behave_like_a_server(costs):
+    runs = chapter.vllm_v060_runs(costs[1], [np.inf, 2.0, 8.0], n_requests=200, seed=0)
+    at = runs.set_index("rate_req_s")
+    assert at.loc[np.inf, "request_throughput"] > at.loc[8.0, "request_throughput"] > at.loc[2.0, "request_throughput"]
+    for rate in (2.0, 8.0):  # far below saturation the server keeps up: completions track arrivals
+        assert at.loc[rate, "request_throughput"] == pytest.approx(rate, rel=0.25)
+    assert at.loc[np.inf, "mean_ttft_ms"] > at.loc[8.0, "mean_ttft_ms"]  # everyone queued at once waits
+    assert (runs["prompt_tokens_mean"].round() == 202).all() and (runs["output_tokens_mean"].round() == 179).all()
+    with pytest.raises(ValueError, match="lengths"):
+        chapter.vllm_v060_runs(costs[1], [1.0], n_requests=5, lengths="mine")
+
+
+def test_published_comparison_ratios():
+    runs = pd.DataFrame({"rate_req_s": [np.inf, 2.0, 16.0, 32.0, 64.0], "request_throughput": [73.8, 2, 16, 30, 40],
+                         "mean_tpot_ms": [30.0, 7.0, 8.0, 6.7, 50.0], "mean_ttft_ms": [900.0, 10.0, 30.0, 24.0, 500.0]})
+    table = chapter.published_comparison(runs).set_index("figure")
+    assert table["predicted"].tolist() == [73.8, 6.7, 30.0]  # TTFT: the highest within 2..32 QPS, not at 64
+    np.testing.assert_allclose(table["ratio"], [2.0, 0.5, 0.25])
+
+
+@pytest.fixture(scope="module")
+def sample():
+    rows = []
+    for name, scale in (("set_a", 1.0), ("set_b", 100.0)):
+        for stage, bias in (("before", 0.5), ("after", 1.1)):
+            measured = scale * np.array([0.01, 0.1, 1.0])
+            rows.append(pd.DataFrame({"case_id": [0, 1, 2], "set": name, "group": ["fit", "ridge", "held out"],
+                                      "stage": stage, "case": ["tokens 1", "tokens 10", "tokens 100"],
+                                      "measured_ms": measured, "predicted_ms": measured * bias,
+                                      "rel_err": abs(bias - 1.0)}))
+    return pd.concat(rows, ignore_index=True)
+
+
+def test_parity_frame_lines_span_each_set(sample):
+    frame = chapter.parity_frame(sample, band=0.15)
+    lines = frame[frame["kind"] != "case"]
+    assert set(lines["kind"]) == {"y = x", "±15%"}
+    assert len(lines) == 2 * 2 * 3 * 2  # sets x stages x lines x two ends
+    diag = lines[lines["kind"] == "y = x"]
+    assert (diag["measured_ms"] == diag["predicted_ms"]).all()
+    b = frame[(frame["set"] == "set_b") & (frame["kind"] != "case")]
+    assert b["measured_ms"].min() <= 0.5 and b["measured_ms"].max() >= 110  # covers predicted and measured
+    assert set(frame["panel"]) == set(chapter.STAGE_LABELS.values()) and "stage" not in frame
+
+
+def test_parity_frame_leaves_out_cases_predicted_at_zero(sample):
+    zero = sample.copy()
+    zero.loc[(zero["set"] == "set_a") & (zero["stage"] == "before"), "predicted_ms"] = 0.0
+    frame = chapter.parity_frame(zero)
+    assert (frame["predicted_ms"] > 0).all() and (frame["measured_ms"] > 0).all()  # drawable on log axes
+    kept = frame[(frame["set"] == "set_a") & (frame["kind"] == "case")]
+    assert set(kept["panel"]) == {chapter.STAGE_LABELS["after"]}
+
+
+def test_parity_chart_spec(sample):
+    spec = chapter.parity_chart(sample, value="set_b").to_dict()
+    (param,) = spec["params"]
+    assert param["name"] == "measured_set" and param["value"] == "set_b"
+    assert param["bind"]["input"] == "select" and param["bind"]["options"] == ["set_a", "set_b"]
+    assert spec["facet"]["column"]["field"] == "panel"
+    assert spec["facet"]["column"]["sort"] == list(chapter.STAGE_LABELS.values())
+    assert marks(spec) == {"circle", "line"}
+    enc = [e for e in walk(spec, "encoding") if "x" in e]
+    assert all(e["x"]["scale"]["type"] == "log" and e["y"]["scale"]["type"] == "log" for e in enc)
+    assert {e["x"]["title"] for e in enc} == {"measured time (ms)"}
+    assert {e["y"]["title"] for e in enc} == {"predicted time (ms)"}
+    filters = list(walk(spec, "filter"))
+    assert all("measured_set" in f for f in filters if "datum.set" in f) and len(filters) >= 4
+    points = next(e for e in enc if "color" in e)
+    assert points["color"]["field"] == "group" and points["color"]["scale"]["domain"] == list(chapter.GROUP_COLORS)
+    assert "title" not in spec
+
+
+def test_log_axis_labels_one_two_five_per_decade(sample):
+    import vl_convert  # evaluates the label expression the way the page does
+    values = [0.0002, 0.0003, 0.002, 0.05, 0.07, 1.0, 3.0, 20.0, 500.0]
+    spec = {"$schema": "https://vega.github.io/schema/vega-lite/v6.json",
+            "data": {"values": [{"v": v} for v in values]}, "mark": "text",
+            "encoding": {"text": {"field": "label"}, "y": {"field": "v", "type": "ordinal", "axis": None}},
+            "transform": [{"calculate": viz.LOG125_LABEL.replace("datum.value", "datum.v"), "as": "label"}]}
+    texts = re.findall(r">([^<>]+)</text>", vl_convert.vegalite_to_svg(spec))
+    assert sorted(texts) == sorted(["2e-4", "0.002", "0.05", "1", "20", "500"])  # 3e-4, 0.07 and 3 get no label
+    spec = chapter.parity_chart(sample).to_dict()
+    axes = [e[c]["axis"] for e in walk(spec, "encoding") for c in ("x", "y") if c in e]
+    assert all(a["labelExpr"] == viz.LOG125_LABEL and a["labelOverlap"] == "greedy" for a in axes)
+
+
+def test_published_chart_spec():
+    runs = pd.DataFrame({"rate_req_s": [np.inf, 2.0, 32.0] * 2, "lengths": ["blog"] * 3 + ["trace"] * 3,
+                         "mean_ttft_ms": [900.0, 12, 16, 900.0, 13, 20], "mean_tpot_ms": [28.0, 7, 8.5, 28.0, 7, 9.7]})
+    spec = chapter.published_chart(runs, chapter.PUBLISHED_VLLM_V060).to_dict()
+    assert len(spec["hconcat"]) == 2
+    assert {"line", "point", "text"} <= marks(spec)
+    ys = [layer["encoding"]["y"]["field"] for panel in spec["hconcat"] for layer in panel["layer"]]
+    assert set(ys) == {"mean_ttft_ms", "mean_tpot_ms"}
+    xs = {layer["encoding"]["x"]["field"] for panel in spec["hconcat"] for layer in panel["layer"]}
+    assert xs == {"rate_req_s"}
+    datasets = spec["datasets"].values()
+    assert not any(np.isinf(row.get("rate_req_s", 0)) for data in datasets for row in data)  # no offline run drawn
+    assert any(row.get("mean_tpot_ms") == 13.4 and row.get("rate_req_s") == 32.0 for data in datasets for row in data)
+    legend = next(e["color"] for e in walk(spec, "encoding") if "color" in e)
+    assert "202" in legend["legend"]["labelExpr"]  # the blog's means, from the published figures
