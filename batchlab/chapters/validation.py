@@ -22,8 +22,8 @@ PARITY_DESCRIPTORS = ("model", "op", "geometry", "tp", "workers", "tokens", "bat
 STAGE_LABELS = {"before": "before calibration", "after": "after calibration"}
 GROUP_COLORS = {"fit": viz.PALETTE[0], "ridge": viz.PALETTE[1], "held out": viz.PALETTE[3]}
 
-# vLLM v0.6.0 performance update (vLLM blog, 2024-09-05, https://blog.vllm.ai/2024/09/05/perf-update.html),
-# as quoted in data/README.md: Llama-3-8B BF16 on one H100, 500 ShareGPT prompts.
+# vLLM v0.6.0 performance update (vLLM blog, 2024-09-05, https://blog.vllm.ai/2024/09/05/perf-update.html):
+# Llama-3-8B BF16 on one H100, 500 ShareGPT prompts.
 PUBLISHED_VLLM_V060 = {
     "prompt_tokens_mean": 202.0,  # tokens, the blog's ShareGPT sample
     "output_tokens_mean": 179.0,  # tokens
