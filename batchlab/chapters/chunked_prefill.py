@@ -19,7 +19,9 @@ from . import scenes
 
 def chunk_budget_sweep(cost, max_num_batched_tokens, *, unchunked_max_num_batched_tokens: int = 16384,
                        window_s: float = 0.1, **scene):
-    """The decoders' worst ITL and the newcomer's TTFT at each token budget, and with chunking off (chapter 06).
+    """The decoders' worst ITL and the newcomer's TTFT at each token budget, and with chunking off.
+
+    Used in chapter 06.
 
     Chunking off is vLLM V1's own switch: ``policy="chunked"`` with ``enable_chunked_prefill=False`` and a
     budget of ``unchunked_max_num_batched_tokens``, large enough for the whole prompt and the decodes in one
@@ -64,7 +66,7 @@ def chunk_budget_sweep(cost, max_num_batched_tokens, *, unchunked_max_num_batche
 
 
 class HyperbolaFit(NamedTuple):
-    """(ITL_max - t_d)(TTFT - N alpha) = N alpha t_d, fitted to chunked-prefill runs (chapter 06)."""
+    """(ITL_max - t_d)(TTFT - N alpha) = N alpha t_d, fitted to chunked-prefill runs. Used in chapter 06."""
 
     alpha_s: float  # s per prompt token: the marginal prefill time
     t_d_s: float  # s: the decode step the chunks ride on

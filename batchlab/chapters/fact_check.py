@@ -45,7 +45,9 @@ def implied_mfu(cost, prompt_tokens: int, gap_s: float, decoders: int = 0, conte
 
 
 def max_num_seqs_table(hardware_list, models, tp: int = 1) -> pd.DataFrame:
-    """vLLM's default ``max_num_seqs`` for each GPU and model, beside the article's size rule (chapter 11).
+    """vLLM's default ``max_num_seqs`` for each GPU and model, beside the article's size rule.
+
+    Used in chapter 11.
 
     The article says 1,024 for small models and 256 for large ones; vLLM decides from the GPU alone
     (:func:`batchlab.vllm_defaults`). One row per (GPU, model): ``gpu``, ``hbm_gib`` (memory the driver
@@ -95,7 +97,9 @@ def chunking_tradeoff(cost, max_num_batched_tokens, **scene) -> pd.DataFrame:
 
 
 def tradeoff_chart(trade: pd.DataFrame, width: int = 420, height: int = 260):
-    """The newcomer's TTFT against the decoders' tallest gap, one point per token budget (chapter 11).
+    """The newcomer's TTFT against the decoders' tallest gap, one point per token budget.
+
+    Used in chapter 11.
 
     Parameters
     ----------

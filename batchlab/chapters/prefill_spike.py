@@ -22,7 +22,7 @@ SPIKE_ORDERS = {"mixed step (Orca)": False, "prefill-only step (vLLM V0)": True}
 
 
 class Spike(NamedTuple):
-    """One prefill-spike run (chapter 05), from :func:`prefill_spike`."""
+    """One prefill-spike run, from :func:`prefill_spike`. Used in chapters 05 and 09."""
 
     itl: pd.DataFrame  # scenes.decoder_gaps: time_s since the long prompt arrived, itl_s, sequences
     behind: pd.DataFrame  # short requests: arrival_s (after the long prompt), ttft_s with, ttft_baseline_s without it
@@ -84,7 +84,9 @@ def prefill_spike(cost, *, n_decoders: int | None = None, context: int = scenes.
 
 
 def spike_scenarios(scenarios: dict, orders: dict = SPIKE_ORDERS, **kw):
-    """:func:`prefill_spike` for several models and scheduler orders, as tidy frames for one chart (chapter 05).
+    """:func:`prefill_spike` for several models and scheduler orders, as tidy frames for one chart.
+
+    Used in chapter 05.
 
     Parameters
     ----------

@@ -36,7 +36,7 @@ _EPS_S = 1e-9  # token times are sums of step durations: one step's end is bit-e
 def default_decoders(cost, context: int = CONTEXT, cadence_s: float = CADENCE_S) -> int:
     """The scene's batch: the decode batch whose step at ``context`` cached tokens is closest to ``cadence_s``.
 
-    148 sequences for Llama-3-8B BF16 on an H100 SXM at 2,048 tokens and 20 ms (calibrated); raises
+    About 150 sequences for Llama-3-8B BF16 on an H100 SXM at 2,048 tokens and 20 ms (calibrated); raises
     ``ValueError`` where no batch reaches the cadence (:meth:`batchlab.CostModel.batch_for_step_time`).
     Used in chapters 05, 06, 09 and 11.
     """

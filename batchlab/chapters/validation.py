@@ -45,7 +45,9 @@ def _stage_group(split: pd.Series) -> pd.Series:
 
 
 def validation_frames(before, after, floors=None, own=None, root=None):
-    """Every measured case predicted twice, before and after calibration, and the error table (chapter 10).
+    """Every measured case predicted twice, before and after calibration, and the error table.
+
+    Used in chapter 10.
 
     Parameters
     ----------
@@ -174,7 +176,9 @@ def match_means(requests, prompt_mean: float, output_mean: float):
 
 def vllm_v060_runs(cost, rates_req_s, *, n_requests: int = 500, seed=0, lengths: str = "blog",
                    **knobs) -> pd.DataFrame:
-    """The ShareGPT preset through the ``chunked`` policy at each arrival rate (chapter 10).
+    """The ShareGPT preset through the ``chunked`` policy at each arrival rate.
+
+    Used in chapter 10.
 
     Parameters
     ----------
@@ -258,7 +262,9 @@ def parity_frame(sample: pd.DataFrame, band: float = 0.15) -> pd.DataFrame:
 
 
 def parity_chart(sample: pd.DataFrame, value: str | None = None, band: float = 0.15, size: int = 260):
-    """Predicted against measured time on log-log axes, before and after calibration side by side (chapter 10).
+    """Predicted against measured time on log-log axes, before and after calibration side by side.
+
+    Used in chapter 10.
 
     Parameters
     ----------
@@ -298,7 +304,9 @@ def parity_chart(sample: pd.DataFrame, value: str | None = None, band: float = 0
 
 
 def published_chart(runs: pd.DataFrame, published: dict = PUBLISHED_VLLM_V060, width: int = 250, height: int = 220):
-    """Mean TTFT and mean TPOT against arrival rate, simulated, beside the published vLLM figures (chapter 10).
+    """Mean TTFT and mean TPOT against arrival rate, simulated, beside the published vLLM figures.
+
+    Used in chapter 10.
 
     Parameters
     ----------
