@@ -53,7 +53,8 @@ def explore(fn, **controls):
 
     Examples
     --------
-    >>> explore(lambda cv: viz.padding_chart(*experiments.static_padding_sweep(cost, [cv])),
+    >>> from batchlab.chapters import static_batching as chapter
+    >>> explore(lambda cv: chapter.padding_chart(*chapter.static_padding_sweep(cost, [cv])),
     ...         cv=(0.0, 3.0, 0.1))  # doctest: +SKIP
     """
     viz.ensure_library()  # not through the Output widget: see viz.ensure_library

@@ -137,3 +137,12 @@ def test_vllm_defaults_depend_on_the_gpu_not_the_model():
     assert bl.vllm_defaults(bl.get_hardware("h100-sxm"), "offline")["max_num_batched_tokens"] == 16384
     assert bl.vllm_defaults(bl.get_hardware("h200"))["max_num_seqs"] == 1024
     assert bl.vllm_defaults(bl.get_hardware("a100-80gb")) == {"max_num_seqs": 256, "max_num_batched_tokens": 2048}
+
+
+def test_batch_for_step_time_is_the_closest_batch(cost8b):  # chapter 11, claim 4
+    b = cost8b.batch_for_step_time(0.020, 2048)
+    step = [cost8b.decode_step_time(x, 2048) for x in (b - 1, b, b + 1)]
+    assert abs(step[1] - 0.020) <= min(abs(step[0] - 0.020), abs(step[2] - 0.020))
+    assert cost8b.batch_for_step_time(0.030, 2048) > b  # a slower cadence carries more sequences
+    with pytest.raises(ValueError, match="outside"):
+        cost8b.batch_for_step_time(0.001, 2048)  # faster than one sequence's step

@@ -178,3 +178,28 @@ def test_explore_builds_controls_and_reruns_on_change():
     assert calls[-1] == (1.0, 64, "static", False)
     with pytest.raises(ValueError, match="control 'bad'"):
         widgets.explore(fn, bad=object())
+
+
+def test_choice_param():  # a select box over strings (chapter 05)
+    param, pred = viz.choice_param("gpu", ["h100-sxm", "h200"], "GPU", field="hardware")
+    d = param.param.to_dict()
+    assert d["bind"] == {"input": "select", "options": ["h100-sxm", "h200"], "name": "GPU"} and d["value"] == "h100-sxm"
+    assert pred == "datum['hardware'] == gpu"
+
+
+def test_log_ticks_span_the_data_in_1_2_3_5_steps():  # chapter 06's log axes
+    assert viz.log_ticks([212.6, 1221.8]) == [200, 300, 500, 1000]
+    assert viz.log_ticks([19.7, 212.6]) == [20, 30, 50, 100, 200, 300]  # a tick past the data is not drawn
+    assert viz.log_ticks([3.3e13, 9.9e14], scale=1e-12) == [30, 50, 100, 200, 300, 500, 1000]
+    assert viz.log_ticks([0.05, 0.2]) == [0.05, 0.1, 0.2, 0.3]
+
+
+def test_log_axis_labels_one_two_five_per_decade():
+    import vl_convert  # evaluates the label expression the way the page does
+    values = [0.0002, 0.0003, 0.002, 0.05, 0.07, 1.0, 3.0, 20.0, 500.0]
+    spec = {"$schema": "https://vega.github.io/schema/vega-lite/v6.json",
+            "data": {"values": [{"v": v} for v in values]}, "mark": "text",
+            "encoding": {"text": {"field": "label"}, "y": {"field": "v", "type": "ordinal", "axis": None}},
+            "transform": [{"calculate": viz.LOG125_LABEL.replace("datum.value", "datum.v"), "as": "label"}]}
+    texts = re.findall(r">([^<>]+)</text>", vl_convert.vegalite_to_svg(spec))
+    assert sorted(texts) == sorted(["2e-4", "0.002", "0.05", "1", "20", "500"])  # 3e-4, 0.07 and 3 get no label

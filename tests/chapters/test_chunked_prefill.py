@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 from spec_helpers import marks, walk
 
-from batchlab import viz
 from batchlab.chapters import chunked_prefill as chapter
 from batchlab.chapters import scenes
 
@@ -127,10 +126,3 @@ def test_chunking_chart_data_in_seconds_shown_in_ms(frames):
     calcs = [c["calculate"] for c in walk(spec, "transform") for c in (c if isinstance(c, list) else [c])
              if isinstance(c, dict) and "calculate" in c]
     assert "datum.itl_max_s * 1000" in calcs and "datum.itl_s * 1000" in calcs
-
-
-def test_log_ticks_span_the_data_in_1_2_3_5_steps():  # viz's log-axis helper, first used by this chapter's chart
-    assert viz.log_ticks([212.6, 1221.8]) == [200, 300, 500, 1000]
-    assert viz.log_ticks([19.7, 212.6]) == [20, 30, 50, 100, 200, 300]  # a tick past the data is not drawn
-    assert viz.log_ticks([3.3e13, 9.9e14], scale=1e-12) == [30, 50, 100, 200, 300, 500, 1000]
-    assert viz.log_ticks([0.05, 0.2]) == [0.05, 0.1, 0.2, 0.3]

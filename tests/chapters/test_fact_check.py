@@ -18,14 +18,6 @@ def large(h100):
     return bl.CostModel(h100, bl.get_model("llama-3-70b"), dtype="fp8")
 
 
-def test_cadence_batch_is_the_closest_batch(cost8b):  # claim 4 (CostModel.batch_for_step_time)
-    b = cost8b.batch_for_step_time(0.020, 2048)
-    step = [cost8b.decode_step_time(x, 2048) for x in (b - 1, b, b + 1)]
-    assert abs(step[1] - 0.020) <= min(abs(step[0] - 0.020), abs(step[2] - 0.020))
-    assert cost8b.batch_for_step_time(0.030, 2048) > b  # a slower cadence carries more sequences
-    with pytest.raises(ValueError, match="outside"):
-        cost8b.batch_for_step_time(0.001, 2048)  # faster than one sequence's step
-
 
 def test_prefill_gap_closed_forms(cost8b, large, h100):
     ideal = chapter.prefill_gap(cost8b.ideal(), 8000)

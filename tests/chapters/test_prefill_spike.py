@@ -7,7 +7,6 @@ import pytest
 from spec_helpers import axis_titles, marks, walk
 
 import batchlab as bl
-from batchlab import viz
 from batchlab.chapters import prefill_spike as chapter
 
 SMALL = dict(n_decoders=32, context=1024, prompt_tokens=4000, tail_steps=20)
@@ -122,10 +121,3 @@ def test_spike_label_marks_the_largest_gap(frames):
     assert ops[-2]["joinaggregate"] == [{"op": "max", "field": "itl_ms", "as": "top"}]
     assert ops[-1]["filter"] == "datum.itl_ms == datum.top"
     assert len(spec["vconcat"][0]["layer"]) == 2  # no reference rule unless asked
-
-
-def test_choice_param():  # viz's select-box helper, first used by this chapter's chart
-    param, pred = viz.choice_param("gpu", ["h100-sxm", "h200"], "GPU", field="hardware")
-    d = param.param.to_dict()
-    assert d["bind"] == {"input": "select", "options": ["h100-sxm", "h200"], "name": "GPU"} and d["value"] == "h100-sxm"
-    assert pred == "datum['hardware'] == gpu"

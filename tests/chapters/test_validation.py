@@ -4,7 +4,6 @@ parity chart (select over sets, before/after panels, log axes, y = x and the tar
 chart beside the published vLLM figures. Everything reads the compact measured-timings table in data/."""
 from __future__ import annotations
 
-import re
 
 import numpy as np
 import pandas as pd
@@ -166,18 +165,10 @@ def test_parity_chart_spec(sample):
     assert "title" not in spec
 
 
-def test_log_axis_labels_one_two_five_per_decade(sample):
-    import vl_convert  # evaluates the label expression the way the page does
-    values = [0.0002, 0.0003, 0.002, 0.05, 0.07, 1.0, 3.0, 20.0, 500.0]
-    spec = {"$schema": "https://vega.github.io/schema/vega-lite/v6.json",
-            "data": {"values": [{"v": v} for v in values]}, "mark": "text",
-            "encoding": {"text": {"field": "label"}, "y": {"field": "v", "type": "ordinal", "axis": None}},
-            "transform": [{"calculate": viz.LOG125_LABEL.replace("datum.value", "datum.v"), "as": "label"}]}
-    texts = re.findall(r">([^<>]+)</text>", vl_convert.vegalite_to_svg(spec))
-    assert sorted(texts) == sorted(["2e-4", "0.002", "0.05", "1", "20", "500"])  # 3e-4, 0.07 and 3 get no label
+def test_parity_axes_label_one_two_five_per_decade(sample):
     spec = chapter.parity_chart(sample).to_dict()
     axes = [e[c]["axis"] for e in walk(spec, "encoding") for c in ("x", "y") if c in e]
-    assert all(a["labelExpr"] == viz.LOG125_LABEL and a["labelOverlap"] == "greedy" for a in axes)
+    assert axes and all(a["labelExpr"] == viz.LOG125_LABEL and a["labelOverlap"] == "greedy" for a in axes)
 
 
 def test_published_chart_spec():
