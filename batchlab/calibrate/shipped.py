@@ -30,10 +30,10 @@ FIT_NOTES = {  # the fitted_on column of data/calibration.csv
     "eta_compute_fp8": "h100_kernels FP8 GEMMs with n=6144, m >= 4096 (the CostModel default when dtype='fp8')",
     "eta_memory_fp8": "h100_kernels FP8 GEMMs with n=6144, m <= 64 (the CostModel default when dtype='fp8')",
     "eager_eta_attn": (
-        "llmservingsim_h100 Llama-3.1-8B eager attention, <= 1024 tokens (eager PyTorch only; not a CostModel "
+        "llmservingsim_h100 Llama-3.1-8B eager attention, <= 1536 tokens (eager PyTorch only; not a CostModel "
         "default)"),
     "eager_eta_elementwise": (
-        "llmservingsim_h100 Llama-3.1-8B eager norms, RoPE and SiLU, <= 1024 tokens (eager PyTorch only; not a "
+        "llmservingsim_h100 Llama-3.1-8B eager norms, RoPE and SiLU, <= 1536 tokens (eager PyTorch only; not a "
         "CostModel default)"),
     "kernel_floor_gemm_s": "vidur_h100 per-layer GEMMs, fitted with eta_memory (per kernel; not a CostModel field)",
     "kernel_floor_gemm_fp8_s": "h100_kernels FP8 GEMMs (per kernel; not a CostModel field)",
