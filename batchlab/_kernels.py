@@ -71,6 +71,14 @@ ST_STEPS = 6  # iterations recorded
 ST_SCHED = 7  # schedule rows recorded
 N_STATE = 8
 
+# -- per-request tables: one row per request, so a request's fields share a cache line and every helper takes
+# one array for them (each array argument of a jitted call costs reference counting, once per iteration).
+(REQ_PROMPT, REQ_OUTPUT, REQ_TOK_OFF, REQ_EMITTED, REQ_LOST, REQ_HIGH_WATER, REQ_PREEMPT, REQ_REJECT,
+ REQ_COMPUTED, REQ_RECOMPUTED, REQ_PADDED) = range(11)
+REQ_COLUMNS = 11  # int64: prompt and output tokens, token offset, then what the loop counts
+TIME_FIRST, TIME_FINISH, TIME_SCHED, TIME_RELEASE = range(4)
+TIME_COLUMNS = 4  # float64, seconds (step indices inside the iteration loop until it ends)
+
 
 # == the step cost =============================================================================================
 
@@ -146,8 +154,8 @@ def _record_sched(sched, n_sched, step, req, tokens, kind):
 # == static and dynamic batching ================================================================================
 
 @njit(cache=True)
-def _run_batched(arrival, prompt, output, live, tok_off, coef, batch_size, max_queue_delay_s, usable_blocks,
-                 block_size, record, out_first, out_finish, out_sched, out_release, out_pad, out_computed, tok_times):
+def _run_batched(arrival, prompt, output, live, tok_off, req, times, coef, batch_size, max_queue_delay_s, usable_blocks,
+                 block_size, record, tok_times):
     """Static and dynamic batching: lockstep batches, padded prompts, every row runs to the longest output.
 
     A batch is dispatched when the server is free and either ``batch_size`` requests have arrived or the
@@ -199,13 +207,13 @@ def _run_batched(arrival, prompt, output, live, tok_off, coef, batch_size, max_q
         t += dur
         for k in range(head, end):
             r = live[k]
-            out_sched[r] = dispatch
-            out_first[r] = t
+            times[r, TIME_SCHED] = dispatch
+            times[r, TIME_FIRST] = t
             tok_times[tok_off[r]] = t
-            out_pad[r] = (p_max - prompt[r]) + (o_max - output[r])
-            out_computed[r] = prompt[r] + output[r] - 1
+            req[r, REQ_PADDED] = (p_max - prompt[r]) + (o_max - output[r])
+            req[r, REQ_COMPUTED] = prompt[r] + output[r] - 1
             if output[r] == 1:
-                out_finish[r] = t
+                times[r, TIME_FINISH] = t
         # Decode: o_max - 1 steps of b rows; row contexts are p_max + s - 1 cached tokens.
         for s in range(1, o_max):
             ctx = p_max + s - 1
@@ -222,9 +230,9 @@ def _run_batched(arrival, prompt, output, live, tok_off, coef, batch_size, max_q
                 if s < output[r]:
                     tok_times[tok_off[r] + s] = t
                     if s == output[r] - 1:
-                        out_finish[r] = t
+                        times[r, TIME_FINISH] = t
         for k in range(head, end):
-            out_release[live[k]] = t
+            times[live[k], TIME_RELEASE] = t
         now = t
         head = end
     return steps[:n_steps], sched[:n_sched]
@@ -239,16 +247,16 @@ def _is_decode(run, k):
 
 
 @njit(cache=True)
-def _admit(run, i, r, prompt, output, emitted, tok_off, blocks, tokens):
+def _admit(run, i, r, req, blocks, tokens):
     """Fill row ``i`` of the running table with request ``r`` (nothing computed yet)."""
     run[i, RUN_REQ] = r
-    run[i, RUN_PROMPT] = prompt[r]
-    run[i, RUN_EMIT] = emitted[r]
+    run[i, RUN_PROMPT] = req[r, REQ_PROMPT]
+    run[i, RUN_EMIT] = req[r, REQ_EMITTED]
     run[i, RUN_COMP] = 0
-    run[i, RUN_OUT] = output[r]
+    run[i, RUN_OUT] = req[r, REQ_OUTPUT]
     run[i, RUN_BLOCKS] = blocks
     run[i, RUN_TOK] = tokens
-    run[i, RUN_TOKPOS] = tok_off[r] + emitted[r]
+    run[i, RUN_TOKPOS] = req[r, REQ_TOK_OFF] + req[r, REQ_EMITTED]
 
 
 @njit(cache=True)
@@ -265,7 +273,7 @@ def _queue_arrivals(st, arrival, live, wait, now):
 
 
 @njit(cache=True)
-def _preempt_last(st, run, wait, emitted, lost, high_water, out_preempt):
+def _preempt_last(st, run, wait, req):
     """Preempt the last running request: free its blocks, restart it from zero at the front of the queue.
 
     Returns the request preempted.
@@ -273,12 +281,12 @@ def _preempt_last(st, run, wait, emitted, lost, high_water, out_preempt):
     n = wait.shape[0]
     v = st[ST_RUNNING] - 1
     victim = run[v, RUN_REQ]
-    emitted[victim] = run[v, RUN_EMIT]
-    lost[victim] += run[v, RUN_COMP]
-    high_water[victim] = max(high_water[victim], run[v, RUN_COMP])
+    req[victim, REQ_EMITTED] = run[v, RUN_EMIT]
+    req[victim, REQ_LOST] += run[v, RUN_COMP]
+    req[victim, REQ_HIGH_WATER] = max(req[victim, REQ_HIGH_WATER], run[v, RUN_COMP])
     st[ST_FREE_BLOCKS] += run[v, RUN_BLOCKS]
     st[ST_RUNNING] -= 1
-    out_preempt[victim] += 1
+    req[victim, REQ_PREEMPT] += 1
     st[ST_WAIT_HEAD] = (st[ST_WAIT_HEAD] - 1) % n
     wait[st[ST_WAIT_HEAD]] = victim
     st[ST_WAIT_LEN] += 1
@@ -286,8 +294,7 @@ def _preempt_last(st, run, wait, emitted, lost, high_water, out_preempt):
 
 
 @njit(cache=True)
-def _schedule_running(st, run, wait, emitted, lost, high_water, out_preempt, victims, budget, threshold,
-                      block_size):
+def _schedule_running(st, run, wait, req, victims, budget, threshold, block_size):
     """Chunked step 1: running requests in admission order, each asking for a decode or its next chunk.
 
     A request that cannot get its blocks preempts the last running request (possibly itself, which ends
@@ -297,7 +304,8 @@ def _schedule_running(st, run, wait, emitted, lost, high_water, out_preempt, vic
     left = budget
     n_victims = 0
     free_blocks = st[ST_FREE_BLOCKS]
-    while hi < st[ST_RUNNING] and left > 0:
+    n_running = st[ST_RUNNING]  # locals: the state vector is written only when someone is preempted
+    while hi < n_running and left > 0:
         want = run[hi, RUN_PROMPT] + run[hi, RUN_EMIT] - run[hi, RUN_COMP]
         if threshold > 0 and want > threshold:
             want = threshold
@@ -309,10 +317,11 @@ def _schedule_running(st, run, wait, emitted, lost, high_water, out_preempt, vic
         scheduled = True
         while need > free_blocks:
             st[ST_FREE_BLOCKS] = free_blocks
-            was_last = st[ST_RUNNING] - 1 == hi
-            victims[n_victims] = _preempt_last(st, run, wait, emitted, lost, high_water, out_preempt)
+            was_last = n_running - 1 == hi
+            victims[n_victims] = _preempt_last(st, run, wait, req)
             n_victims += 1
             free_blocks = st[ST_FREE_BLOCKS]
+            n_running = st[ST_RUNNING]
             if was_last:
                 scheduled = False
                 break
@@ -328,8 +337,8 @@ def _schedule_running(st, run, wait, emitted, lost, high_water, out_preempt, vic
 
 
 @njit(cache=True)
-def _admit_waiting(st, run, wait, skipped, prompt, output, emitted, tok_off, out_sched, out_reject, now, left,
-                   budget, threshold, enable_chunking, max_num_seqs, block_size):
+def _admit_waiting(st, run, wait, skipped, req, times, now, left, budget, threshold, enable_chunking,
+                   max_num_seqs, block_size):
     """Chunked step 2: waiting requests, oldest first, while seats, budget and blocks last.
 
     A newcomer's first chunk is capped by the threshold and the budget left; one whose blocks cannot be had
@@ -340,7 +349,7 @@ def _admit_waiting(st, run, wait, skipped, prompt, output, emitted, tok_off, out
     n_skip = 0
     while st[ST_WAIT_LEN] > 0 and left > 0 and st[ST_RUNNING] < max_num_seqs:
         r = wait[st[ST_WAIT_HEAD]]
-        want = prompt[r] + emitted[r]
+        want = req[r, REQ_PROMPT] + req[r, REQ_EMITTED]
         if threshold > 0 and want > threshold:
             want = threshold
         if not enable_chunking and want > left:
@@ -348,7 +357,7 @@ def _admit_waiting(st, run, wait, skipped, prompt, output, emitted, tok_off, out
             st[ST_WAIT_LEN] -= 1
             if want > budget:
                 # A resumed request whose recomputation can never fit one iteration.
-                out_reject[r] = REJECT_RECOMPUTE
+                req[r, REQ_REJECT] = REJECT_RECOMPUTE
                 st[ST_FINISHED] += 1
             else:
                 skipped[n_skip] = r
@@ -362,9 +371,9 @@ def _admit_waiting(st, run, wait, skipped, prompt, output, emitted, tok_off, out
         st[ST_WAIT_HEAD] = (st[ST_WAIT_HEAD] + 1) % n
         st[ST_WAIT_LEN] -= 1
         st[ST_FREE_BLOCKS] -= need
-        if out_sched[r] != out_sched[r]:  # NaN: first time scheduled
-            out_sched[r] = now
-        _admit(run, st[ST_RUNNING], r, prompt, output, emitted, tok_off, need, want)
+        if times[r, TIME_SCHED] != times[r, TIME_SCHED]:  # NaN: first time scheduled
+            times[r, TIME_SCHED] = now
+        _admit(run, st[ST_RUNNING], r, req, need, want)
         st[ST_RUNNING] += 1
         left -= want
     for k in range(n_skip - 1, -1, -1):
@@ -375,8 +384,7 @@ def _admit_waiting(st, run, wait, skipped, prompt, output, emitted, tok_off, out
 
 
 @njit(cache=True)
-def _admit_whole_prompts(st, run, wait, prompt, output, emitted, tok_off, out_sched, now, budget, max_num_seqs,
-                         block_size):
+def _admit_whole_prompts(st, run, wait, req, times, now, budget, max_num_seqs, block_size):
     """Orca's admission: whole prompts join, KV for prompt + output reserved up front; no preemption.
 
     ``budget`` > 0 caps the prompt tokens admitted in one iteration (vLLM V0). Returns the first new row.
@@ -386,21 +394,21 @@ def _admit_whole_prompts(st, run, wait, prompt, output, emitted, tok_off, out_sc
     prompt_sum = 0
     while st[ST_WAIT_LEN] > 0 and st[ST_RUNNING] < max_num_seqs:
         r = wait[st[ST_WAIT_HEAD]]
-        need = _blocks_for(prompt[r] + output[r] - 1, block_size)
-        if need > st[ST_FREE_BLOCKS] or (budget > 0 and prompt_sum + prompt[r] > budget):
+        need = _blocks_for(req[r, REQ_PROMPT] + req[r, REQ_OUTPUT] - 1, block_size)
+        if need > st[ST_FREE_BLOCKS] or (budget > 0 and prompt_sum + req[r, REQ_PROMPT] > budget):
             break
         st[ST_WAIT_HEAD] = (st[ST_WAIT_HEAD] + 1) % n
         st[ST_WAIT_LEN] -= 1
         st[ST_FREE_BLOCKS] -= need
-        prompt_sum += prompt[r]
-        out_sched[r] = now
-        _admit(run, st[ST_RUNNING], r, prompt, output, emitted, tok_off, need, prompt[r])
+        prompt_sum += req[r, REQ_PROMPT]
+        times[r, TIME_SCHED] = now
+        _admit(run, st[ST_RUNNING], r, req, need, req[r, REQ_PROMPT])
         st[ST_RUNNING] += 1
     return first_new
 
 
 @njit(cache=True)
-def _run_scheduled(run, lo, hi, step_index, out_first, out_finish, tok_times):
+def _run_scheduled(run, lo, hi, step_index, times, tok_times):
     """Step 3: one pass over the scheduled rows ``[lo, hi)`` sums the iteration's aggregates and emits.
 
     A request that has computed every token it knows samples the next one. Emissions are stamped with the
@@ -430,22 +438,22 @@ def _run_scheduled(run, lo, hi, step_index, out_first, out_finish, tok_times):
             run[k, RUN_TOKPOS] += 1
             run[k, RUN_EMIT] += 1
             if run[k, RUN_EMIT] == 1:
-                out_first[run[k, RUN_REQ]] = step_index
+                times[run[k, RUN_REQ], TIME_FIRST] = step_index
             if run[k, RUN_EMIT] == run[k, RUN_OUT]:
-                out_finish[run[k, RUN_REQ]] = step_index
+                times[run[k, RUN_REQ], TIME_FINISH] = step_index
                 if first_done < 0:
                     first_done = k
     return prefill_tokens, decode_seqs, attn_work, cached, first_done
 
 
 @njit(cache=True)
-def _release_finished(st, run, first_done, emitted):
+def _release_finished(st, run, first_done, req):
     """Requests that produced their whole output leave the running table and free their blocks; the rest keep
     their order."""
     j = first_done
     for i in range(first_done, st[ST_RUNNING]):
         if run[i, RUN_EMIT] == run[i, RUN_OUT]:
-            emitted[run[i, RUN_REQ]] = run[i, RUN_EMIT]
+            req[run[i, RUN_REQ], REQ_EMITTED] = run[i, RUN_EMIT]
             st[ST_FREE_BLOCKS] += run[i, RUN_BLOCKS]
             st[ST_FINISHED] += 1
         else:
@@ -457,54 +465,50 @@ def _release_finished(st, run, first_done, emitted):
 
 
 @njit(cache=True)
-def _stamp_times(steps, n_steps, live, tok_times, out_first, out_finish, out_release):
+def _stamp_times(steps, n_steps, live, tok_times, times):
     """Step indices to times: every emission happens at the end of its step."""
     ends = steps[:n_steps, STEP_START] + steps[:n_steps, STEP_DURATION]
     for i in range(tok_times.shape[0]):
         if tok_times[i] == tok_times[i]:
             tok_times[i] = ends[int(tok_times[i])]
     for r in live:
-        if out_first[r] == out_first[r]:
-            out_first[r] = ends[int(out_first[r])]
-        if out_finish[r] == out_finish[r]:
-            out_finish[r] = ends[int(out_finish[r])]
-            out_release[r] = out_finish[r]
+        if times[r, TIME_FIRST] == times[r, TIME_FIRST]:
+            times[r, TIME_FIRST] = ends[int(times[r, TIME_FIRST])]
+        if times[r, TIME_FINISH] == times[r, TIME_FINISH]:
+            times[r, TIME_FINISH] = ends[int(times[r, TIME_FINISH])]
+            times[r, TIME_RELEASE] = times[r, TIME_FINISH]
 
 
 @njit(cache=True)
-def _account_tokens(live, prompt, output, lost, high_water, out_reject, out_computed, out_recomputed):
+def _account_tokens(live, req):
     """Token accounting: a completed request computed prompt + output - 1 positions once, plus what it lost.
 
     Each preemption throws away the tokens computed so far, so a completed request's recomputed tokens equal
     its lost ones; a request rejected after preemption recomputed what it lost beyond its furthest progress.
     """
     for r in live:
-        if out_reject[r] == 0:
-            out_recomputed[r] = lost[r]
-            out_computed[r] = prompt[r] + output[r] - 1 + lost[r]
+        if req[r, REQ_REJECT] == 0:
+            req[r, REQ_RECOMPUTED] = req[r, REQ_LOST]
+            req[r, REQ_COMPUTED] = req[r, REQ_PROMPT] + req[r, REQ_OUTPUT] - 1 + req[r, REQ_LOST]
         else:
-            out_recomputed[r] = lost[r] - high_water[r]
-            out_computed[r] = lost[r]
+            req[r, REQ_RECOMPUTED] = req[r, REQ_LOST] - req[r, REQ_HIGH_WATER]
+            req[r, REQ_COMPUTED] = req[r, REQ_LOST]
 
 
 # == iteration-level batching: the loop ==========================================================================
 
 @njit(cache=True)
-def _run_iterations(arrival, prompt, output, live, tok_off, coef, chunked, max_num_seqs, budget, threshold,
-                    enable_chunking, prefill_only_steps, usable_blocks, block_size, record,
-                    out_first, out_finish, out_sched, out_release, out_preempt, out_reject, out_computed,
-                    out_recomputed, tok_times):
+def _run_iterations(arrival, live, req, times, coef, chunked, max_num_seqs, budget, threshold, enable_chunking,
+                    prefill_only_steps, usable_blocks, block_size, record, tok_times):
     """Iteration-level policies: Orca-style ``continuous`` and vLLM V1 ``chunked`` (DESIGN section 4).
 
     ``budget`` <= 0 means no token budget (continuous only). The requests scheduled in an iteration are
     always a contiguous range of the running table: V1 schedules running requests in order until the
-    budget or the pool runs out (then admits nobody), and appends admitted ones at the end.
+    budget or the pool runs out (then admits nobody), and appends admitted ones at the end. The helpers are
+    called only when they have work (an arrival, a seat, a finished request), since each call costs a little.
     """
-    n = arrival.shape[0]
+    n = req.shape[0]
     n_live = live.shape[0]
-    emitted = np.zeros(n, np.int64)  # tokens produced so far (kept across preemption)
-    lost = np.zeros(n, np.int64)  # tokens computed and then thrown away by preemption
-    high_water = np.zeros(n, np.int64)  # most tokens ever computed (for requests rejected after preemption)
     run = np.zeros((min(n, max_num_seqs) + 1, RUN_COLUMNS), np.int64)
     wait = np.empty(n, np.int64)  # waiting queue: a ring buffer, since preempted requests go back to its front
     skipped = np.empty(n, np.int64)
@@ -515,27 +519,27 @@ def _run_iterations(arrival, prompt, output, live, tok_off, coef, chunked, max_n
     st[ST_FREE_BLOCKS] = usable_blocks
     now = 0.0
     while st[ST_FINISHED] < n_live:
-        _queue_arrivals(st, arrival, live, wait, now)
+        if st[ST_NEXT] < n_live and arrival[live[st[ST_NEXT]]] <= now:
+            _queue_arrivals(st, arrival, live, wait, now)
         if st[ST_RUNNING] == 0 and st[ST_WAIT_LEN] == 0:
             now = arrival[live[st[ST_NEXT]]]
             continue
         lo = 0  # scheduled rows of the running table: [lo, hi)
         if chunked:
-            hi, left, n_victims = _schedule_running(st, run, wait, emitted, lost, high_water, out_preempt,
-                                                    victims, budget, threshold, block_size)
+            hi, left, n_victims = _schedule_running(st, run, wait, req, victims, budget, threshold, block_size)
             if record:
                 # Recorded after the pass: reassigning an array inside the hot loop costs refcounting.
                 for k in range(n_victims):
                     sched = _record_sched(sched, st[ST_SCHED], st[ST_STEPS], victims[k], 0, KIND_PREEMPT)
                     st[ST_SCHED] += 1
-            if n_victims == 0:  # nobody is admitted in an iteration that preempted
-                _admit_waiting(st, run, wait, skipped, prompt, output, emitted, tok_off, out_sched, out_reject,
-                               now, left, budget, threshold, enable_chunking, max_num_seqs, block_size)
+            # Nobody is admitted in an iteration that preempted.
+            if n_victims == 0 and st[ST_WAIT_LEN] > 0 and left > 0 and st[ST_RUNNING] < max_num_seqs:
+                _admit_waiting(st, run, wait, skipped, req, times, now, left, budget, threshold, enable_chunking,
+                               max_num_seqs, block_size)
                 if st[ST_RUNNING] > hi:
                     hi = st[ST_RUNNING]
         else:
-            first_new = _admit_whole_prompts(st, run, wait, prompt, output, emitted, tok_off, out_sched, now,
-                                             budget, max_num_seqs, block_size)
+            first_new = _admit_whole_prompts(st, run, wait, req, times, now, budget, max_num_seqs, block_size)
             lo = first_new if (prefill_only_steps and st[ST_RUNNING] > first_new) else 0
             hi = st[ST_RUNNING]
         if hi == lo:
@@ -549,7 +553,7 @@ def _run_iterations(arrival, prompt, output, live, tok_off, coef, chunked, max_n
                                       KIND_DECODE if _is_decode(run, k) else KIND_PREFILL)
                 st[ST_SCHED] += 1
         prefill_tokens, decode_seqs, attn_work, cached, first_done = _run_scheduled(
-            run, lo, hi, st[ST_STEPS], out_first, out_finish, tok_times)
+            run, lo, hi, st[ST_STEPS], times, tok_times)
         dur, _g, _a, _c, _e, flops, nbytes, bound = step_cost(coef, decode_seqs + prefill_tokens, attn_work,
                                                               cached)
         steps = _record_step(steps, st[ST_STEPS], now, dur, prefill_tokens, decode_seqs, st[ST_RUNNING],
@@ -557,10 +561,10 @@ def _run_iterations(arrival, prompt, output, live, tok_off, coef, chunked, max_n
         st[ST_STEPS] += 1
         now += dur
         if first_done >= 0:
-            _release_finished(st, run, first_done, emitted)
+            _release_finished(st, run, first_done, req)
     n_steps = st[ST_STEPS]
-    _stamp_times(steps, n_steps, live, tok_times, out_first, out_finish, out_release)
-    _account_tokens(live, prompt, output, lost, high_water, out_reject, out_computed, out_recomputed)
+    _stamp_times(steps, n_steps, live, tok_times, times)
+    _account_tokens(live, req)
     return STATUS_OK, steps[:n_steps], sched[:st[ST_SCHED]]
 
 
@@ -571,32 +575,27 @@ def simulate_kernel(arrival, prompt, output, policy, coef, batch_size, max_queue
                     threshold, enable_chunking, prefill_only_steps, usable_blocks, block_size, record):
     """Run one policy over a request stream. Arrays in, arrays out; no globals, no randomness.
 
-    Requests that can never be served are marked in ``reject`` before the loop and never enter it. Returns
-    the fields of :class:`batchlab.result.KernelOutput`, in its order.
+    Requests that can never be served are marked rejected before the loop and never enter it. Returns the
+    fields of :class:`batchlab.result.KernelOutput`, in its order.
     """
     n = arrival.shape[0]
-    nan = np.nan
-    first = np.full(n, nan)
-    finish = np.full(n, nan)
-    sched_s = np.full(n, nan)
-    release = np.full(n, nan)
-    preempt = np.zeros(n, np.int64)
-    reject = np.zeros(n, np.int64)
-    pad = np.zeros(n, np.int64)
-    computed = np.zeros(n, np.int64)
-    recomputed = np.zeros(n, np.int64)
+    req = np.zeros((n, REQ_COLUMNS), np.int64)
+    times = np.full((n, TIME_COLUMNS), np.nan)
     tok_off = np.zeros(n + 1, np.int64)
     for r in range(n):
+        req[r, REQ_PROMPT] = prompt[r]
+        req[r, REQ_OUTPUT] = output[r]
+        req[r, REQ_TOK_OFF] = tok_off[r]
         tok_off[r + 1] = tok_off[r] + output[r]
-    tok_times = np.full(tok_off[n], nan)
+    tok_times = np.full(tok_off[n], np.nan)
     n_live = 0
     live = np.empty(n, np.int64)
-    whole_prompts = policy == POLICY_CONTINUOUS or (policy == POLICY_CHUNKED and not enable_chunking)
     for r in range(n):
         if _blocks_for(prompt[r] + output[r] - 1, block_size) > usable_blocks:
-            reject[r] = REJECT_KV
-        elif budget > 0 and prompt[r] > budget and whole_prompts:
-            reject[r] = REJECT_BUDGET
+            req[r, REQ_REJECT] = REJECT_KV
+        elif budget > 0 and prompt[r] > budget and (policy == POLICY_CONTINUOUS or (policy == POLICY_CHUNKED
+                                                                                      and not enable_chunking)):
+            req[r, REQ_REJECT] = REJECT_BUDGET
         else:
             live[n_live] = r
             n_live += 1
@@ -604,12 +603,13 @@ def simulate_kernel(arrival, prompt, output, policy, coef, batch_size, max_queue
     status = STATUS_OK
     if policy <= POLICY_DYNAMIC:  # static or dynamic
         delay = max_queue_delay_s if policy == POLICY_DYNAMIC else np.inf
-        steps, sched = _run_batched(arrival, prompt, output, live, tok_off, coef, batch_size, delay, usable_blocks,
-                                    block_size, record, first, finish, sched_s, release, pad, computed, tok_times)
+        steps, sched = _run_batched(arrival, prompt, output, live, tok_off, req, times, coef, batch_size, delay,
+                                    usable_blocks, block_size, record, tok_times)
     else:
-        status, steps, sched = _run_iterations(
-            arrival, prompt, output, live, tok_off, coef, policy == POLICY_CHUNKED, max_num_seqs, budget,
-            threshold, enable_chunking, prefill_only_steps, usable_blocks, block_size, record,
-            first, finish, sched_s, release, preempt, reject, computed, recomputed, tok_times)
-    return (status, first, finish, sched_s, release, preempt, reject, pad, computed, recomputed, tok_off, tok_times,
-            steps, sched)
+        status, steps, sched = _run_iterations(arrival, live, req, times, coef, policy == POLICY_CHUNKED,
+                                               max_num_seqs, budget, threshold, enable_chunking, prefill_only_steps,
+                                               usable_blocks, block_size, record, tok_times)
+    return (status, times[:, TIME_FIRST].copy(), times[:, TIME_FINISH].copy(), times[:, TIME_SCHED].copy(),
+            times[:, TIME_RELEASE].copy(), req[:, REQ_PREEMPT].copy(), req[:, REQ_REJECT].copy(),
+            req[:, REQ_PADDED].copy(), req[:, REQ_COMPUTED].copy(), req[:, REQ_RECOMPUTED].copy(), tok_off,
+            tok_times, steps, sched)
