@@ -1,4 +1,5 @@
 """batchlab: how LLM servers batch requests, on an analytic GPU cost model and a jitted scheduler loop."""
+VLLM_VERSION = "0.33.0"  # the vLLM whose scheduler rules and defaults policy "chunked" follows (DESIGN section 4c)
 from .cost import CostModel, StepBreakdown
 from .hardware import Hardware, get_hardware, hardware_names
 from .models import ModelSpec, get_model, model_names
@@ -11,7 +12,7 @@ from .workload import preset, preset_names, trace_stats
 from .datasets import replay
 
 __all__ = [
-    "CostModel", "StepBreakdown", "Hardware", "get_hardware", "hardware_names", "ModelSpec", "get_model",
+    "VLLM_VERSION", "CostModel", "StepBreakdown", "Hardware", "get_hardware", "hardware_names", "ModelSpec", "get_model",
     "model_names", "SimResult", "POLICIES", "simulate", "vllm_defaults", "Requests", "arrivals_gamma",
     "arrivals_poisson", "fixed", "from_frame", "lengths_empirical", "lengths_lognormal", "lengths_uniform",
     "read_trace", "synthetic",

@@ -43,6 +43,8 @@ class TraceFile(NamedTuple):
     prompt: str  # column holding prompt tokens
     output: str  # column holding output tokens
     time_unit: str  # unit of the arrival column: "datetime", "s", "ms", "us" or "ns"
+    prefix_blocks: str | None = None  # column of prefix block ids (hash chain), if the trace has one
+    prefix_block_tokens: int = 16  # tokens per prefix block id
 
 
 _AZURE = "https://raw.githubusercontent.com/Azure/AzurePublicDataset/master/data/"
@@ -60,7 +62,7 @@ _TRACES = {
     "mooncake-conversation": TraceFile(
         "mooncake/conversation_trace.jsonl", _MOONCAKE + "conversation_trace.jsonl",
         "b8cbb061a85206d729d91cdc2981f43c9e0d99209dce588d3af5f7934408b9df",
-        "timestamp", "input_length", "output_length", "ms"),
+        "timestamp", "input_length", "output_length", "ms", "hash_ids", 512),
 }
 
 
@@ -175,7 +177,8 @@ def replay(name: str, speedup: float = 1.0, limit: int | None = None) -> Request
         raise ValueError(f"speedup must be a finite number > 0, got {speedup!r}")
     if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
         raise ValueError(f"limit must be None or an integer >= 1, got {limit!r}")
-    reqs = read_trace(fetch(name), info.arrival, info.prompt, info.output, info.time_unit)
+    reqs = read_trace(fetch(name), info.arrival, info.prompt, info.output, info.time_unit, info.prefix_blocks,
+                      info.prefix_block_tokens)
     if limit is not None:
         reqs = reqs.head(limit)
     return reqs if speedup == 1 else reqs.scale_time(speedup)

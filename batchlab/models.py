@@ -27,6 +27,7 @@ class ModelSpec(NamedTuple):
     head_dim: int  # dimension of one head
     d_ff: int  # MLP intermediate size
     vocab: int  # vocabulary size
+    max_position_embeddings: int = 8192  # tokens of context the model was trained for (vLLM's default max_model_len)
 
     def weight_bytes(self, dtype: str = "bf16") -> float:
         """Bytes of weights streamed from HBM once per iteration."""

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from . import metrics
-from ._kernels import (KIND_NAMES, REJECT_BUDGET, REJECT_KV, REJECT_RECOMPUTE, SCHED_KIND, SCHED_REQUEST, SCHED_STEP,
+from ._kernels import (KIND_NAMES, REJECT_BUDGET, REJECT_KV, REJECT_MODEL_LEN, REJECT_RECOMPUTE, SCHED_KIND, SCHED_REQUEST, SCHED_STEP,
                        SCHED_TOKENS, STEP_COLUMNS, STEP_COMPUTE_BOUND, STEP_DURATION)
 
 
@@ -26,6 +26,8 @@ class KernelOutput(NamedTuple):
     padded_tokens: np.ndarray  # padding rows computed for it (static, dynamic)
     computed_tokens: np.ndarray  # token positions computed, recomputation included
     recomputed_tokens: np.ndarray  # positions computed again after preemption
+    cached_tokens: np.ndarray  # prompt tokens found in the prefix cache at the first admission
+    sent_s: np.ndarray  # s, when the client sent the request (its arrival, or later under max_concurrency)
     token_offsets: np.ndarray  # index of each request's first token in token_times_s (length n + 1)
     token_times_s: np.ndarray  # s, every output token's emission time, request after request
     steps: np.ndarray  # one row per iteration, columns STEP_COLUMNS
@@ -41,6 +43,9 @@ def _reject_reason(code, prompt, output, knobs) -> str:
     if code == REJECT_BUDGET:
         return (f"prompt of {prompt} tokens exceeds max_num_batched_tokens={knobs['max_num_batched_tokens']} "
                 f"and this policy cannot split a prompt")
+    if code == REJECT_MODEL_LEN:
+        return (f"prompt of {prompt} tokens leaves no room for one output token under "
+                f"max_model_len={knobs['max_model_len']}")
     if code == REJECT_RECOMPUTE:
         return (f"preempted, and recomputing its prompt plus output exceeds "
                 f"max_num_batched_tokens={knobs['max_num_batched_tokens']} with chunked prefill disabled")
@@ -67,6 +72,7 @@ class SimResult:
     knobs: dict
     raw: KernelOutput = dataclasses.field(repr=False)
     _recorded: bool = dataclasses.field(repr=False, default=False)
+    generated: np.ndarray | None = dataclasses.field(repr=False, default=None)  # output tokens after clipping
 
     @property
     def token_offsets(self) -> np.ndarray:
@@ -86,13 +92,15 @@ class SimResult:
         first, finish = raw.first_token_s, raw.finish_s
         # A request rejected after preemption has a first token but no result: blank its times.
         first, finish = np.where(rejected, np.nan, first), np.where(rejected, np.nan, finish)
-        lat = metrics.per_request(s.arrival_s, s.output_tokens, raw.scheduled_s, first, finish)
+        output = s.output_tokens if self.generated is None else self.generated
+        # Latencies count from when the client sent the request: its arrival, or later under max_concurrency.
+        lat = metrics.per_request(raw.sent_s, output, raw.scheduled_s, first, finish)
         reasons = np.full(len(s), "", dtype=object)
         for i in np.flatnonzero(rejected):
-            reasons[i] = _reject_reason(reject[i], s.prompt_tokens[i], s.output_tokens[i], self.knobs)
+            reasons[i] = _reject_reason(reject[i], s.prompt_tokens[i], output[i], self.knobs)
         df = pd.DataFrame({
-            "arrival_s": s.arrival_s, "prompt_tokens": s.prompt_tokens, "output_tokens": s.output_tokens,
-            "scheduled_s": raw.scheduled_s, "first_token_s": first, "finish_s": finish, "release_s": raw.release_s,
+            "arrival_s": s.arrival_s, "sent_s": raw.sent_s, "prompt_tokens": s.prompt_tokens,
+            "output_tokens": output, "cached_tokens": raw.cached_tokens, "scheduled_s": raw.scheduled_s, "first_token_s": first, "finish_s": finish, "release_s": raw.release_s,
             **lat,
             "preemptions": raw.preemptions, "computed_tokens": raw.computed_tokens,
             "recomputed_tokens": raw.recomputed_tokens, "padded_tokens": raw.padded_tokens, "rejected": rejected,

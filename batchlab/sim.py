@@ -9,7 +9,8 @@ import math
 
 import numpy as np
 
-from ._kernels import POLICIES, STATUS_OK, simulate_kernel
+from ._kernels import (POLICIES, RULE_ASYNC, RULE_CHUNKING, RULE_PREFIX_CACHE, RULE_RESERVE_FULL, RULE_STOP_UNFIT,
+                       RULE_THRESHOLD_ALONE, STATUS_OK, simulate_kernel)
 from .cost import CostModel
 from .hardware import GiB
 from .result import KernelOutput, SimResult
@@ -21,12 +22,14 @@ POLICY_CODE = {name: i for i, name in enumerate(POLICIES)}
 def vllm_defaults(hardware, usage: str = "serve") -> dict[str, int]:
     """vLLM V1's default ``max_num_seqs`` and ``max_num_batched_tokens`` for a GPU.
 
-    They depend on the GPU, not the model: GPUs with at least 70 GiB other than the A100 get 1024
-    sequences and 8192 tokens (``vllm serve``) or 16384 (offline ``LLM``); every other GPU 256 sequences and
-    2048 / 8192 tokens (vLLM ``EngineArgs._set_default_args``).
+    They depend on the GPU, not the model (vLLM 0.33 ``EngineArgs.get_batch_defaults``): GPUs of 160 GiB or more
+    get 1024 sequences and 16384 tokens; others with at least 70 GiB, the A100 excepted, 1024 sequences and 8192
+    tokens (``vllm serve``) or 16384 (offline ``LLM``); every other GPU 256 sequences and 2048 / 8192 tokens.
     """
     if usage not in ("serve", "offline"):
         raise ValueError(f"usage must be 'serve' or 'offline', got {usage!r}")
+    if hardware.hbm_bytes >= 160 * GiB:
+        return {"max_num_seqs": 1024, "max_num_batched_tokens": 16384}
     large = hardware.hbm_bytes >= 70 * GiB and "a100" not in hardware.name
     if large:
         return {"max_num_seqs": 1024, "max_num_batched_tokens": 8192 if usage == "serve" else 16384}
@@ -41,13 +44,30 @@ _KNOB_POLICIES = {
     "prefill_only_steps": ("continuous",),
     "long_prefill_token_threshold": ("chunked",),
     "enable_chunked_prefill": ("chunked",),
+    "async_scheduling": ("chunked",),
+    "enable_prefix_caching": ("chunked",),
+    "scheduler_reserve_full_isl": ("chunked",),
+    "max_model_len": ("chunked",),
+    "max_concurrency": ("chunked",),
+}
+_CHUNKED_SWITCHES = {  # vLLM 0.33's name -> the kernel's rule bit; each on by default, as in vLLM
+    "enable_chunked_prefill": RULE_CHUNKING, "scheduler_reserve_full_isl": RULE_RESERVE_FULL,
+    "async_scheduling": RULE_ASYNC, "enable_prefix_caching": RULE_PREFIX_CACHE,
 }
 
 
-def _int_knob(name, value, low):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+def _int_knob(name, value, low, high=2**40):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not low <= value <= high:
+        raise ValueError(f"{name} must be an integer from {low} to {high}, got {value!r}")
     return int(value)
+
+
+def _bool_knob(name, value, default: bool) -> bool:
+    if value is None:
+        return default
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
 
 
 def _resolve_knobs(cost, policy, given, block_size, gpu_memory_utilization, num_kv_blocks) -> dict:
@@ -55,18 +75,8 @@ def _resolve_knobs(cost, policy, given, block_size, gpu_memory_utilization, num_
     for knob, value in given.items():
         if value is not None and policy not in _KNOB_POLICIES[knob]:
             raise ValueError(f"{knob} applies to policy {' or '.join(_KNOB_POLICIES[knob])}, not {policy!r}")
-    block_size = _int_knob("block_size", block_size, 1)
-    if num_kv_blocks is None:
-        num_kv_blocks = cost.kv_pool_blocks(gpu_memory_utilization, block_size)
-        if num_kv_blocks < 2:
-            raise ValueError(
-                f"the weights ({cost.weight_bytes / 1e9:.1f} GB per GPU) leave no room for a KV cache at "
-                f"gpu_memory_utilization={gpu_memory_utilization}; raise it, use tp > 1 or fp8"
-            )
-    else:
-        num_kv_blocks = _int_knob("num_kv_blocks", num_kv_blocks, 2)
     defaults = vllm_defaults(cost.hardware)
-    knobs = {"block_size": block_size, "num_kv_blocks": num_kv_blocks}
+    knobs = {"block_size": _int_knob("block_size", block_size, 1, 2**16)}
     if policy in ("static", "dynamic"):
         batch_size = given["batch_size"]
         knobs["batch_size"] = _int_knob("batch_size", 32 if batch_size is None else batch_size, 1)
@@ -75,7 +85,16 @@ def _resolve_knobs(cost, policy, given, block_size, gpu_memory_utilization, num_
             if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not (0 <= delay < math.inf):
                 raise ValueError(f"max_queue_delay_s must be finite seconds >= 0, got {delay!r}")
             knobs["max_queue_delay_s"] = float(delay)
-        return knobs
+    else:
+        _iteration_knobs(knobs, cost, policy, given, defaults)
+    knobs["num_kv_blocks"] = _pool(cost, knobs, defaults, gpu_memory_utilization, num_kv_blocks)
+    if policy == "chunked":
+        _check_chunked(knobs)
+    return knobs
+
+
+def _iteration_knobs(knobs, cost, policy, given, defaults) -> None:
+    """The knobs of ``continuous`` and ``chunked``, into ``knobs``."""
     max_num_seqs, max_num_batched_tokens = given["max_num_seqs"], given["max_num_batched_tokens"]
     knobs["max_num_seqs"] = _int_knob(
         "max_num_seqs", defaults["max_num_seqs"] if max_num_seqs is None else max_num_seqs, 1)
@@ -83,30 +102,69 @@ def _resolve_knobs(cost, policy, given, block_size, gpu_memory_utilization, num_
         max_num_batched_tokens = defaults["max_num_batched_tokens"]
     if max_num_batched_tokens is not None:
         knobs["max_num_batched_tokens"] = _int_knob("max_num_batched_tokens", max_num_batched_tokens, 1)
+    concurrency = given["max_concurrency"]
+    knobs["max_concurrency"] = None if concurrency is None else _int_knob("max_concurrency", concurrency, 1)
     if policy == "continuous":
-        knobs["prefill_only_steps"] = bool(given["prefill_only_steps"])
-    else:
-        threshold = given["long_prefill_token_threshold"]
-        knobs["long_prefill_token_threshold"] = _int_knob("long_prefill_token_threshold",
-                                                          0 if threshold is None else threshold, 0)
-        chunking = given["enable_chunked_prefill"]
-        knobs["enable_chunked_prefill"] = True if chunking is None else bool(chunking)
-    return knobs
+        knobs["prefill_only_steps"] = _bool_knob("prefill_only_steps", given["prefill_only_steps"], False)
+        return
+    threshold = given["long_prefill_token_threshold"]
+    knobs["long_prefill_token_threshold"] = _int_knob("long_prefill_token_threshold",
+                                                      0 if threshold is None else threshold, 0)
+    for name in _CHUNKED_SWITCHES:
+        knobs[name] = _bool_knob(name, given[name], True)
+    max_model_len = cost.model.max_position_embeddings if given["max_model_len"] is None else given["max_model_len"]
+    if max_model_len != 0:  # 0: not modelled (batchlab's first version)
+        max_model_len = _int_knob("max_model_len", max_model_len, 2)
+    knobs["max_model_len"] = int(max_model_len)
+
+
+def _pool(cost, knobs, defaults, gpu_memory_utilization, num_kv_blocks) -> int:
+    """KV blocks per GPU (one of them vLLM's null block): given, or sized as vLLM 0.33 sizes it."""
+    if num_kv_blocks is not None:
+        return _int_knob("num_kv_blocks", num_kv_blocks, 2)
+    tokens = knobs.get("max_num_batched_tokens") or defaults["max_num_batched_tokens"]
+    seqs = knobs.get("max_num_seqs") or defaults["max_num_seqs"]
+    blocks = cost.kv_pool_blocks(gpu_memory_utilization, knobs["block_size"], tokens, seqs)
+    if blocks < 2:
+        raise ValueError(
+            f"the weights ({cost.weight_bytes / 1e9:.1f} GB per GPU) and vLLM's other reservations leave no room "
+            f"for a KV cache at gpu_memory_utilization={gpu_memory_utilization}; raise it, use tp > 1 or fp8")
+    return blocks
+
+
+def _check_chunked(knobs) -> None:
+    """Configurations vLLM 0.33 refuses to start with: each a ValueError naming the knob."""
+    seqs, tokens, max_model_len = knobs["max_num_seqs"], knobs["max_num_batched_tokens"], knobs["max_model_len"]
+    if tokens < seqs:
+        raise ValueError(f"max_num_batched_tokens ({tokens}) must be >= max_num_seqs ({seqs}), as vLLM requires")
+    if max_model_len == 0:
+        return
+    if not knobs["enable_chunked_prefill"] and tokens < max_model_len:
+        raise ValueError(f"with enable_chunked_prefill=False, max_num_batched_tokens ({tokens}) must be >= "
+                         f"max_model_len ({max_model_len}), as vLLM requires; raise it or lower max_model_len")
+    usable = knobs["num_kv_blocks"] - 1
+    need = -(-max_model_len // knobs["block_size"])
+    if need > usable:
+        raise ValueError(f"the KV pool ({usable} blocks of {knobs['block_size']} tokens) cannot hold one request of "
+                         f"max_model_len={max_model_len} tokens ({need} blocks), so vLLM would refuse to start; lower "
+                         f"max_model_len or give the cache more memory (gpu_memory_utilization, num_kv_blocks)")
 
 
 def simulate(requests, policy: str, cost, *, batch_size=None, max_queue_delay_s=None, max_num_seqs=None,
              max_num_batched_tokens=None, prefill_only_steps=None, long_prefill_token_threshold=None,
-             enable_chunked_prefill=None, block_size: int = 16, gpu_memory_utilization: float = 0.9,
-             num_kv_blocks=None, record_schedule: bool = False):
+             enable_chunked_prefill=None, async_scheduling=None, enable_prefix_caching=None,
+             scheduler_reserve_full_isl=None, max_model_len=None, max_concurrency=None, block_size: int = 16,
+             gpu_memory_utilization: float = 0.92, num_kv_blocks=None, record_schedule: bool = False):
     """Replay ``requests`` through one batching policy, one iteration at a time.
 
     Parameters
     ----------
     requests : Requests
-        The stream (arrivals in seconds, token counts).
+        The stream (arrivals in seconds, token counts, optional prefix block ids).
     policy : {"static", "dynamic", "continuous", "chunked"}
         See DESIGN section 4 and the notebooks: lockstep batches (static, dynamic), Orca's
-        iteration-level batching (continuous) and vLLM V1 / Sarathi-Serve chunked prefill (chunked).
+        iteration-level batching (continuous) and vLLM's scheduler (chunked, the rules of vLLM
+        ``batchlab.VLLM_VERSION``).
     cost : CostModel
         Gives each iteration's duration.
     batch_size : int, default 32
@@ -121,14 +179,29 @@ def simulate(requests, policy: str, cost, *, batch_size=None, max_queue_delay_s=
     prefill_only_steps : bool, default False
         Continuous: iterations that admit prompts run prefill only (vLLM V0) instead of alongside decodes.
     long_prefill_token_threshold : int, default 0
-        Chunked: cap on tokens per request per iteration (0 = none).
+        Chunked: cap on tokens per request per iteration (0 = none); ignored for a request that is alone.
     enable_chunked_prefill : bool, default True
-        Chunked: False makes a prompt that does not fit the remaining budget wait for a later iteration;
-        as in vLLM V1, requests behind it that do fit are admitted meanwhile.
+        Chunked: False admits whole prompts only; a waiting prompt that does not fit the budget left stops
+        admission for that iteration (nobody behind it jumps the queue).
+    async_scheduling : bool, default True
+        Chunked: vLLM plans the next iteration while one runs, so a request that arrives during an iteration
+        starts one iteration later and a finished one holds its seat and blocks one iteration longer.
+    enable_prefix_caching : bool, default True
+        Chunked: a new request reuses the cached blocks of its prefix (``requests.prefix_blocks``; without
+        them only a preempted request finds its own blocks again); free cached blocks are evicted LRU.
+    scheduler_reserve_full_isl : bool, default True
+        Chunked: a waiting request is admitted only if the blocks of its whole prompt are free.
+    max_model_len : int, default the model's context length
+        Chunked: a prompt of ``max_model_len`` tokens or more is rejected; outputs are clipped to fit. The pool
+        must hold one request this long. 0 leaves the limit out (batchlab's first version).
+    max_concurrency : int, optional
+        Chunked: at most this many requests in flight, as ``vllm bench serve --max-concurrency``:
+        a request is sent at its arrival or when a slot frees, whichever is later; latencies count from then.
     block_size : int, default 16
         Tokens per KV block.
-    gpu_memory_utilization : float, default 0.9
-        Share of HBM for weights plus KV cache.
+    gpu_memory_utilization : float, default 0.92
+        Share of HBM vLLM may use; the KV pool is what the weights and vLLM's other reservations leave
+        (:meth:`CostModel.kv_pool_blocks`).
     num_kv_blocks : int, optional
         Override the KV pool size (blocks per GPU, one of them vLLM's null block).
     record_schedule : bool, default False
@@ -148,18 +221,30 @@ def simulate(requests, policy: str, cost, *, batch_size=None, max_queue_delay_s=
         "batch_size": batch_size, "max_queue_delay_s": max_queue_delay_s, "max_num_seqs": max_num_seqs,
         "max_num_batched_tokens": max_num_batched_tokens, "prefill_only_steps": prefill_only_steps,
         "long_prefill_token_threshold": long_prefill_token_threshold,
-        "enable_chunked_prefill": enable_chunked_prefill,
+        "enable_chunked_prefill": enable_chunked_prefill, "async_scheduling": async_scheduling,
+        "enable_prefix_caching": enable_prefix_caching, "scheduler_reserve_full_isl": scheduler_reserve_full_isl,
+        "max_model_len": max_model_len, "max_concurrency": max_concurrency,
     }
     knobs = _resolve_knobs(cost, policy, given, block_size, gpu_memory_utilization, num_kv_blocks)
-    num_kv_blocks, block_size = knobs["num_kv_blocks"], knobs["block_size"]
+    record = _bool_knob("record_schedule", record_schedule, False)
+    output = requests.output_tokens
+    max_model_len = knobs.get("max_model_len", 0)
+    if max_model_len:  # vLLM clips max_tokens to what the context leaves (a prompt that fills it is rejected)
+        room = max_model_len - requests.prompt_tokens
+        output = np.where(room > 0, np.minimum(output, room), output)
+    rules = RULE_STOP_UNFIT | RULE_THRESHOLD_ALONE if policy == "chunked" else 0
+    for name, bit in _CHUNKED_SWITCHES.items():
+        rules |= bit if knobs.get(name, name == "enable_chunked_prefill") else 0
+    prefix_ids = np.unique(requests.prefix_ids, return_inverse=True)[1].astype(np.int64).reshape(-1)
     raw = simulate_kernel(
-        requests.arrival_s, requests.prompt_tokens, requests.output_tokens, POLICY_CODE[policy],
-        cost.coefficients(), knobs.get("batch_size", 1), knobs.get("max_queue_delay_s", 0.0),
-        knobs.get("max_num_seqs", 1), knobs.get("max_num_batched_tokens", 0),
-        knobs.get("long_prefill_token_threshold", 0), knobs.get("enable_chunked_prefill", True),
-        knobs.get("prefill_only_steps", False), num_kv_blocks - 1, block_size, bool(record_schedule),
+        requests.arrival_s, requests.prompt_tokens, output, POLICY_CODE[policy], cost.coefficients(),
+        knobs.get("batch_size", 1), knobs.get("max_queue_delay_s", 0.0), knobs.get("max_num_seqs", 1),
+        knobs.get("max_num_batched_tokens", 0), knobs.get("long_prefill_token_threshold", 0), rules,
+        knobs.get("prefill_only_steps", False), knobs["num_kv_blocks"] - 1, knobs["block_size"], record,
+        knobs.get("max_concurrency") or 0, max_model_len, prefix_ids, requests.prefix_offsets,
+        requests.prefix_block_tokens,
     )
     out = KernelOutput(*raw)
     if out.status != STATUS_OK:
         raise RuntimeError("the scheduler loop could not schedule anything yet has unfinished requests (a bug)")
-    return SimResult(requests, policy, cost, dict(knobs), out, bool(record_schedule))
+    return SimResult(requests, policy, cost, dict(knobs), out, record, output)

@@ -43,11 +43,22 @@ def _token_array(values, field: str) -> np.ndarray:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Requests:
-    """A request stream, sorted by arrival. Validated on construction; the arrays are read-only."""
+    """A request stream, sorted by arrival. Validated on construction; the arrays are read-only.
+
+    ``prefix_blocks`` (optional) says which prompts share a prefix, as vLLM's prefix cache sees it: one integer
+    sequence per request, the ids of its consecutive blocks of ``prefix_block_tokens`` tokens from the start of
+    the prompt. Two requests with the same id at position j have the same tokens up to the end of block j (a
+    hash chain, as Mooncake's ``hash_ids`` with 512 tokens per id). The last id may name a partial block (the
+    prompt's tail); ids may go on past the prompt into the blocks its output fills, so that a multi-turn chat's
+    next prompt, which holds this answer, can find it cached. Stored flat: ``prefix_ids`` and ``prefix_offsets``
+    (request i's ids are ``prefix_ids[prefix_offsets[i]:prefix_offsets[i + 1]]``).
+    """
 
     arrival_s: np.ndarray  # seconds since the stream began, non-decreasing, float64
     prompt_tokens: np.ndarray  # tokens in each prompt, >= 1, int64
     output_tokens: np.ndarray  # tokens each request will generate, >= 1, int64
+    prefix_blocks: object = None  # None, or one sequence of integer ids >= 0 per request
+    prefix_block_tokens: int = 16  # tokens per prefix id
 
     def __post_init__(self):
         arrival = np.array(self.arrival_s, dtype=np.float64)
@@ -72,6 +83,16 @@ class Requests:
             a = np.array(a)  # own copy, so freezing it cannot touch the caller's array
             a.flags.writeable = False
             object.__setattr__(self, name, a)
+        tokens = self.prefix_block_tokens
+        if isinstance(tokens, bool) or not isinstance(tokens, (int, np.integer)) or not 1 <= tokens <= 2**20:
+            raise ValueError(f"prefix_block_tokens must be an integer from 1 to 2**20, got {tokens!r}")
+        object.__setattr__(self, "prefix_block_tokens", int(tokens))
+        ids, offsets = _prefix_arrays(self.prefix_blocks, prompt, output, int(tokens))
+        for a in (ids, offsets):
+            a.flags.writeable = False
+        object.__setattr__(self, "prefix_ids", ids)
+        object.__setattr__(self, "prefix_offsets", offsets)
+        object.__setattr__(self, "prefix_blocks", None if self.prefix_blocks is None else _PrefixView(ids, offsets))
 
     def __len__(self) -> int:
         return int(self.arrival_s.size)
@@ -89,13 +110,56 @@ class Requests:
     def head(self, n_requests: int) -> Requests:
         """The first ``n_requests`` requests."""
         k = n_requests
-        return Requests(self.arrival_s[:k], self.prompt_tokens[:k], self.output_tokens[:k])
+        return self._select(np.arange(min(k, len(self))), self.arrival_s[:k])
+
+    def _select(self, rows: np.ndarray, arrival_s: np.ndarray) -> Requests:
+        """Requests ``rows`` (in that order) with the given arrivals, their prefix ids kept."""
+        blocks = None
+        if self.prefix_blocks is not None:
+            blocks = [self.prefix_ids[self.prefix_offsets[i]:self.prefix_offsets[i + 1]] for i in rows]
+        return Requests(arrival_s, self.prompt_tokens[rows], self.output_tokens[rows], blocks,
+                        self.prefix_block_tokens)
 
     def scale_time(self, speedup: float) -> Requests:
         """The same stream with arrivals ``speedup`` times faster (rate times ``speedup``)."""
         if not (speedup > 0 and math.isfinite(speedup)):
             raise ValueError(f"speedup must be a finite number > 0, got {speedup!r}")
-        return Requests(self.arrival_s / speedup, self.prompt_tokens, self.output_tokens)
+        return self._select(np.arange(len(self)), self.arrival_s / speedup)
+
+
+class _PrefixView(tuple):
+    """``Requests.prefix_blocks`` as given back: a tuple of read-only id arrays, one per request."""
+
+    def __new__(cls, ids, offsets):
+        return super().__new__(cls, (ids[offsets[i]:offsets[i + 1]] for i in range(offsets.size - 1)))
+
+
+def _prefix_arrays(blocks, prompt, output, tokens) -> tuple[np.ndarray, np.ndarray]:
+    """Validate ``prefix_blocks`` and flatten it to (ids, offsets); (empty, zeros) when None."""
+    n = prompt.size
+    if blocks is None:
+        return np.zeros(0, np.int64), np.zeros(n + 1, np.int64)
+    if isinstance(blocks, (str, bytes)) or not hasattr(blocks, "__len__") or len(blocks) != n:
+        got = f"{len(blocks)} sequences" if hasattr(blocks, "__len__") else type(blocks).__name__
+        raise ValueError(f"prefix_blocks must hold one sequence of block ids per request ({n}), got {got}")
+    lengths = np.zeros(n, np.int64)
+    parts = []
+    for i, seq in enumerate(blocks):
+        a = np.asarray(seq)
+        if a.ndim != 1 or (a.size and (a.dtype.kind not in "iu" or a.dtype.kind == "b")):
+            raise ValueError(f"prefix_blocks[{i}] must be a one-dimensional sequence of integer ids, got {seq!r:.80}")
+        if a.size and a.min() < 0:
+            raise ValueError(f"prefix_blocks[{i}] must hold ids >= 0, found {a.min()}")
+        most = -(-(int(prompt[i]) + int(output[i])) // tokens)
+        if a.size > most:
+            raise ValueError(f"prefix_blocks[{i}] has {a.size} ids of {tokens} tokens, more than its prompt and output "
+                             f"({prompt[i]} + {output[i]} tokens) fill: at most {most}")
+        lengths[i] = a.size
+        parts.append(a.astype(np.int64))
+    offsets = np.zeros(n + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    ids = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    return ids, offsets
 
 
 # -- lengths -------------------------------------------------------------------------------------
@@ -208,12 +272,15 @@ def _check_count(n_requests) -> None:
 
 # -- traces --------------------------------------------------------------------------------------
 
-def from_frame(df: pd.DataFrame, arrival: str, prompt: str, output: str, time_unit: str = "s") -> Requests:
+def from_frame(df: pd.DataFrame, arrival: str, prompt: str, output: str, time_unit: str = "s",
+               prefix_blocks: str | None = None, prefix_block_tokens: int = 16) -> Requests:
     """A stream from a table with an arrival column (seconds, ms, ns, or datetimes) and two length columns.
 
     Arrivals are shifted so the first is at 0; rows are sorted by arrival (stable, so ties keep file order).
+    ``prefix_blocks`` names an optional column of block-id lists (see :class:`Requests`), of
+    ``prefix_block_tokens`` tokens each.
     """
-    for col in (arrival, prompt, output):
+    for col in (arrival, prompt, output) + ((prefix_blocks,) if prefix_blocks is not None else ()):
         if col not in df.columns:
             raise ValueError(f"column {col!r} not found; columns are {list(df.columns)}")
     t = df[arrival]
@@ -226,10 +293,12 @@ def from_frame(df: pd.DataFrame, arrival: str, prompt: str, output: str, time_un
         secs = t.to_numpy(dtype=np.float64) * scale[time_unit]
     order = np.argsort(secs, kind="stable")
     secs = secs[order] - secs[order][0]
-    return Requests(secs, df[prompt].to_numpy()[order], df[output].to_numpy()[order])
+    blocks = None if prefix_blocks is None else [df[prefix_blocks].iloc[i] for i in order]
+    return Requests(secs, df[prompt].to_numpy()[order], df[output].to_numpy()[order], blocks, prefix_block_tokens)
 
 
-def read_trace(path, arrival: str, prompt: str, output: str, time_unit: str = "s") -> Requests:
+def read_trace(path, arrival: str, prompt: str, output: str, time_unit: str = "s", prefix_blocks: str | None = None,
+               prefix_block_tokens: int = 16) -> Requests:
     """Read a CSV or JSON-lines trace (by extension) into ``Requests``; see :func:`from_frame`."""
     path = Path(path)
     if path.suffix in (".jsonl", ".json"):
@@ -239,7 +308,7 @@ def read_trace(path, arrival: str, prompt: str, output: str, time_unit: str = "s
         df = pd.read_csv(path)
     else:
         raise ValueError(f"trace files must end in .csv or .jsonl, got {path.name!r}")
-    return from_frame(df, arrival, prompt, output, time_unit)
+    return from_frame(df, arrival, prompt, output, time_unit, prefix_blocks, prefix_block_tokens)
 
 
 # -- presets from real traces ---------------------------------------------------------------------

@@ -8,7 +8,7 @@ finish time.
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 
@@ -26,6 +26,12 @@ class Req:
     preemptions: int = 0
     rejected: bool = False
     token_times: list = field(default_factory=list)
+    sent: float = math.nan
+    cached: int = 0  # prompt tokens found cached at the first admission
+    hit: int = 0  # tokens found cached at the current admission
+    block_ids: list = field(default_factory=list)  # physical blocks held (prefix caching)
+    n_cached_blocks: int = 0  # of those, how many are full and cached
+    scheduled: bool = False
 
     @property
     def known(self) -> int:
@@ -60,13 +66,26 @@ def _emit(r: Req, now: float) -> bool:
 
 def reference_simulate(requests, policy, cost, batch_size=32, max_queue_delay_s=0.05, max_num_seqs=256,
                        max_num_batched_tokens=0, long_prefill_token_threshold=0, enable_chunked_prefill=True,
-                       prefill_only_steps=False, block_size=16, num_kv_blocks=1000):
-    """Returns the list of ``Req`` after the run (first, finish, preemptions, rejected, token_times)."""
+                       prefill_only_steps=False, block_size=16, num_kv_blocks=1000, async_scheduling=False,
+                       enable_prefix_caching=False, scheduler_reserve_full_isl=False, max_model_len=0,
+                       max_concurrency=0, vllm_033=False):
+    """Returns the list of ``Req`` after the run (first, finish, preemptions, rejected, token_times).
+
+    ``vllm_033`` turns on the two rules vLLM 0.33 changed (the threshold ignored for a request alone; with
+    chunking off, a prompt that does not fit stops admission); the other 0.33 rules are their own switches.
+    """
     usable = num_kv_blocks - 1
     reqs = [Req(i, float(a), int(p), int(o)) for i, (a, p, o) in
             enumerate(zip(requests.arrival_s, requests.prompt_tokens, requests.output_tokens))]
+    if max_model_len:
+        for r in reqs:
+            if r.prompt < max_model_len:
+                r.output = min(r.output, max_model_len - r.prompt)
     live = []
     for r in reqs:
+        if max_model_len and r.prompt >= max_model_len:
+            r.rejected = True
+            continue
         never_fits = _blocks(r.prompt + r.output - 1, block_size) > usable
         too_long = (max_num_batched_tokens > 0 and r.prompt > max_num_batched_tokens
                     and (policy == "continuous" or (policy == "chunked" and not enable_chunked_prefill)))
@@ -78,9 +97,18 @@ def reference_simulate(requests, policy, cost, batch_size=32, max_queue_delay_s=
                  block_size)
     elif policy == "continuous":
         _orca(live, cost, max_num_seqs, max_num_batched_tokens, prefill_only_steps, usable, block_size)
-    else:
+    elif not (vllm_033 or async_scheduling or enable_prefix_caching or scheduler_reserve_full_isl
+              or max_concurrency):
         _vllm_v1(live, cost, max_num_seqs, max_num_batched_tokens, long_prefill_token_threshold,
                  enable_chunked_prefill, usable, block_size)
+    else:
+        rules = Rules(enable_chunked_prefill, async_scheduling, enable_prefix_caching, scheduler_reserve_full_isl,
+                      max_concurrency, requests.prefix_blocks, requests.prefix_block_tokens)
+        _vllm_033(live, cost, max_num_seqs, max_num_batched_tokens, long_prefill_token_threshold, rules, usable,
+                  block_size)
+    for r in reqs:
+        if math.isnan(r.sent):
+            r.sent = r.arrival
     return reqs
 
 
@@ -239,4 +267,221 @@ def _vllm_v1(live, cost, max_num_seqs, budget, threshold, chunking, usable, bloc
             running.remove(r)
             free += r.blocks
             r.blocks = 0
+            done += 1
+
+
+# -- vLLM 0.33 -----------------------------------------------------------------------------------------------
+
+@dataclass
+class Rules:
+    chunking: bool
+    asynchronous: bool
+    caching: bool
+    reserve_full: bool
+    max_concurrency: int
+    prefix_blocks: object  # tuple of id arrays, or None
+    prefix_tokens: int
+
+
+class BlockPool:
+    """vLLM's block pool with prefix caching, in Python: an LRU queue of free blocks and a dict of cached keys."""
+
+    def __init__(self, n):
+        self.free = OrderedDict((s, None) for s in range(n))  # evicted from the front
+        self.key = [None] * n
+        self.ref = [0] * n
+        self.table = {}
+
+    def hits(self, keys):
+        out = []
+        for k in keys:
+            if k not in self.table:
+                break
+            out.append(self.table[k])
+        return out
+
+    def take(self, slots):
+        for s in slots:
+            if self.ref[s] == 0:
+                del self.free[s]
+            self.ref[s] += 1
+
+    def allocate(self, n):
+        out = []
+        for _ in range(n):
+            s = next(iter(self.free))
+            del self.free[s]
+            if self.key[s] is not None:
+                del self.table[self.key[s]]
+                self.key[s] = None
+            self.ref[s] = 1
+            out.append(s)
+        return out
+
+    def cache(self, slot, key):
+        if self.key[slot] is None and key not in self.table:
+            self.table[key] = slot
+            self.key[slot] = key
+
+    def release(self, slots):
+        for s in reversed(slots):
+            self.ref[s] -= 1
+            if self.ref[s] == 0:
+                self.free[s] = None
+                if self.key[s] is None:
+                    self.free.move_to_end(s, last=False)
+
+
+def _key(r, b, block_size, rules):
+    """Block b of request r: named by its prefix ids where they cover it, else its own."""
+    end = (b + 1) * block_size
+    ids = () if rules.prefix_blocks is None else rules.prefix_blocks[r.idx]
+    if end <= min(len(ids) * rules.prefix_tokens, r.prompt):
+        j = (end - 1) // rules.prefix_tokens
+        return ("prefix", int(ids[j]), end - j * rules.prefix_tokens)
+    return ("own", r.idx, b)
+
+
+def _vllm_033(live, cost, max_num_seqs, budget, threshold, rules, usable, block_size):
+    now = last_start = 0.0
+    busy = False
+    pool = BlockPool(usable)
+    unsent = deque(live)
+    slots = deque([0.0] * rules.max_concurrency)  # times the free client slots freed
+    waiting, running = deque(), []
+    done = 0
+
+    def grow(r, n_new, known):
+        if rules.caching:
+            r.block_ids += pool.allocate(n_new)
+            full = min(r.computed + n_new_tokens[r.idx], known) // block_size
+            for b in range(r.n_cached_blocks, full):
+                pool.cache(r.block_ids[b], _key(r, b, block_size, rules))
+            r.n_cached_blocks = max(r.n_cached_blocks, full)
+        else:
+            r.block_ids += [None] * n_new  # counted only
+
+    def n_free():
+        return len(pool.free) if rules.caching else usable - sum(len(x.block_ids) for x in running)
+
+    def drop(r):
+        if rules.caching:
+            pool.release([s for s in r.block_ids])
+        r.block_ids = []
+        r.n_cached_blocks = 0
+
+    n_new_tokens = {}
+    while done < len(live):
+        view = last_start if rules.asynchronous and busy else now
+        while unsent:
+            r = unsent[0]
+            if math.isnan(r.sent):
+                if rules.max_concurrency and not slots:
+                    break
+                r.sent = max(r.arrival, slots.popleft()) if rules.max_concurrency else r.arrival
+            if r.sent > view:
+                break
+            waiting.append(unsent.popleft())
+        if not running and not waiting:
+            now = max(now, unsent[0].sent)
+            busy = False
+            continue
+        thr = threshold if len(running) + len(waiting) > 1 else 0
+        scheduled, left, dropped = [], budget, False
+        i = 0
+        while i < len(running) and left > 0:
+            r = running[i]
+            if r.emitted == r.output:
+                i += 1
+                continue
+            n = min(r.known - r.computed, thr if thr > 0 else math.inf, left)
+            need = _blocks(r.computed + n, block_size) - len(r.block_ids)
+            ok = True
+            while need > n_free():
+                victim = running.pop()
+                dropped = True
+                drop(victim)
+                if victim.emitted == victim.output:
+                    done += 1
+                else:
+                    victim.computed = 0
+                    victim.preemptions += 1
+                    waiting.appendleft(victim)
+                if victim is r:
+                    ok = False
+                    break
+            if not ok:
+                break
+            n_new_tokens[r.idx] = n
+            grow(r, max(need, 0), r.known)
+            scheduled.append((r, n))
+            left -= n
+            i += 1
+        while not dropped and waiting and left > 0 and len(running) < max_num_seqs:
+            r = waiting[0]
+            hits = pool.hits([_key(r, b, block_size, rules) for b in range((r.known - 1) // block_size)]) \
+                if rules.caching else []
+            computed = len(hits) * block_size
+            n = r.known - computed
+            if 0 < thr < n:
+                n = thr
+            if not rules.chunking and n > left:
+                if n > budget:
+                    waiting.popleft()
+                    r.rejected = True
+                    done += 1
+                    if rules.max_concurrency:
+                        slots.append(now)
+                    continue
+                break
+            n = min(n, left)
+            idle = sum(pool.ref[s] == 0 for s in hits)
+            need = _blocks(computed + n, block_size) - len(hits) + idle
+            need_full = _blocks(r.known, block_size) - len(hits) + idle
+            if need > n_free() or (rules.reserve_full and need_full > n_free()):
+                break
+            waiting.popleft()
+            if not r.scheduled:
+                r.scheduled = True
+                r.cached = computed
+            r.hit = computed
+            r.computed = computed
+            if rules.caching:
+                pool.take(hits)
+                r.block_ids = list(hits)
+                r.n_cached_blocks = len(hits)
+            n_new_tokens[r.idx] = n
+            grow(r, _blocks(computed + n, block_size) - len(hits), r.known)
+            running.append(r)
+            scheduled.append((r, n))
+            left -= n
+        if not scheduled:
+            if rules.asynchronous and busy:
+                for r in [r for r in running if r.emitted == r.output]:
+                    running.remove(r)
+                    drop(r)
+                    done += 1
+                busy = False
+            continue
+        chunks, decodes = [], []
+        for r, n in scheduled:
+            if n == 1 and r.emitted > 0 and r.computed == r.known - 1:
+                decodes.append(r.computed)
+            else:
+                chunks.append((n, r.computed))
+        last_start = now
+        now += cost.step_time(prefill_chunks=chunks, decode_contexts=decodes)
+        busy = True
+        finished_now = []
+        for r, n in scheduled:
+            r.computed += n
+            if _emit(r, now):
+                finished_now.append(r)
+                if rules.max_concurrency:
+                    slots.append(now)
+        for r in [r for r in running if r.emitted == r.output]:
+            if rules.asynchronous and r in finished_now:
+                continue  # async scheduling planned the next step before this one's outputs came back
+            running.remove(r)
+            drop(r)
             done += 1

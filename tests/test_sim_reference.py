@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 import batchlab as bl
 from reference import reference_simulate
-from strategies import knobs, streams
+from strategies import knobs, shared_prefix_streams, streams
 
 
 def _compare(requests, policy, cost, k):
@@ -14,6 +14,12 @@ def _compare(requests, policy, cost, k):
     ref_kwargs = dict(k)
     if ref_kwargs.get("max_num_batched_tokens") is None:
         ref_kwargs["max_num_batched_tokens"] = 0
+    ref_kwargs["max_concurrency"] = ref_kwargs.get("max_concurrency") or 0
+    if policy == "chunked":
+        for switch in ("async_scheduling", "enable_prefix_caching", "scheduler_reserve_full_isl"):
+            ref_kwargs.setdefault(switch, True)
+        ref_kwargs.setdefault("max_model_len", cost.model.max_position_embeddings)
+        ref_kwargs["vllm_033"] = True
     ref = reference_simulate(requests, policy, cost, **ref_kwargs)
     df = res.requests
     np.testing.assert_array_equal(df["rejected"].to_numpy(), [r.rejected for r in ref])
@@ -22,6 +28,8 @@ def _compare(requests, policy, cost, k):
     np.testing.assert_allclose(df["finish_s"].to_numpy(), [np.nan if r.rejected else r.finish for r in ref],
                                rtol=1e-9, atol=1e-12)
     np.testing.assert_array_equal(df["preemptions"].to_numpy(), [r.preemptions for r in ref])
+    np.testing.assert_allclose(df["sent_s"].to_numpy(), [r.sent for r in ref], rtol=1e-9, atol=1e-12)
+    np.testing.assert_array_equal(df["cached_tokens"].to_numpy(), [r.cached for r in ref])
     for times, r in zip(res.token_times, ref):
         if not r.rejected:
             np.testing.assert_allclose(times, r.token_times, rtol=1e-9, atol=1e-12)
@@ -35,6 +43,17 @@ def test_kernel_matches_reference(cost8b, policy, data):
     requests = data.draw(streams())
     k = data.draw(knobs(policy))
     _compare(requests, policy, cost8b, k)
+
+
+@settings(max_examples=150)
+@given(data=st.data())
+def test_kernel_matches_reference_with_shared_prefixes(cost8b, data):
+    requests = data.draw(shared_prefix_streams())
+    k = data.draw(knobs("chunked", blocks=(20, 600)))
+    k["enable_prefix_caching"] = True
+    res = _compare(requests, "chunked", cost8b, k)
+    hits = res.requests["cached_tokens"].to_numpy()
+    assert (hits % k["block_size"] == 0).all() and (hits < res.requests["prompt_tokens"].to_numpy() + 1).all()
 
 
 @pytest.mark.parametrize("policy", bl.POLICIES)

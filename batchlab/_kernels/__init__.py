@@ -1,0 +1,42 @@
+"""Every numba-jitted function of batchlab: the step cost and the scheduler loops with their helpers.
+
+Kernels take and return NumPy arrays and scalars, read no mutable globals and draw no random numbers; the
+integer slot names of :mod:`.layout` are frozen into the compiled code. The public wrappers are
+:class:`batchlab.CostModel` (the step cost) and :func:`batchlab.simulate` (the loops); the plain-Python
+reference in ``tests/reference.py`` must agree with both.
+
+Modules: :mod:`.layout` (slot names), :mod:`.cost` (the step cost), :mod:`.records` (growing records),
+:mod:`.batched` (static and dynamic batching), :mod:`.kvcache` (the block pool and prefix cache) and
+:mod:`.iterations` (continuous and chunked). Numba's on-disk cache notices only edits to a function's own file,
+not to the functions it calls in other files, so this package keys its cache folder by a hash of all its
+sources: an edit anywhere recompiles everything once, and a stale kernel is never loaded.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import numba
+
+_SOURCES = sorted(Path(__file__).resolve().parent.glob("*.py"))
+SOURCE_STAMP = hashlib.sha256(b"".join(p.read_bytes() for p in _SOURCES)).hexdigest()[:16]
+
+
+def _cache_dir() -> str:
+    """``$NUMBA_CACHE_DIR`` (else ``~/.cache/batchlab/numba``), one folder per version of these sources."""
+    base = os.environ.get("NUMBA_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache",
+                                                       "batchlab", "numba")
+    return str(Path(base, SOURCE_STAMP))
+
+
+_previous_cache_dir = numba.config.CACHE_DIR
+numba.config.CACHE_DIR = _cache_dir()  # read when each @njit(cache=True) below is decorated
+try:
+    from .cost import step_cost
+    from .entry import simulate_kernel
+    from .layout import *  # noqa: F403 - the slot names are this package's interface
+finally:
+    numba.config.CACHE_DIR = _previous_cache_dir
+
+__all__ = ["SOURCE_STAMP", "simulate_kernel", "step_cost"]

@@ -1,0 +1,79 @@
+"""The kernel ``simulate`` calls: per-request tables, rejections up front, then the policy's loop."""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from .batched import run_batched
+from .iterations import run_iterations
+from .layout import (POLICY_CHUNKED, POLICY_CONTINUOUS, POLICY_DYNAMIC, REJECT_BUDGET, REJECT_KV, REJECT_MODEL_LEN,
+                     REQ_CACHED, REQ_COLUMNS, REQ_COMPUTED, REQ_OUTPUT, REQ_PADDED, REQ_PREEMPT, REQ_PREFIX_END,
+                     REQ_PREFIX_START, REQ_PROMPT, REQ_RECOMPUTED, REQ_REJECT, REQ_TOK_OFF, RULE_CHUNKING, STATUS_OK,
+                     TIME_ARRIVAL, TIME_COLUMNS, TIME_FINISH, TIME_FIRST, TIME_RELEASE, TIME_SCHED, TIME_SENT)
+from .records import blocks_for
+
+
+@njit(cache=True)
+def _tables(arrival, prompt, output, prefix_off, max_concurrency):
+    """The per-request tables and each request's token offset (its first token's index in ``tok_times``)."""
+    n = arrival.shape[0]
+    req = np.zeros((n, REQ_COLUMNS), np.int64)
+    times = np.full((n, TIME_COLUMNS), np.nan)
+    tok_off = np.zeros(n + 1, np.int64)
+    for r in range(n):
+        req[r, REQ_PROMPT] = prompt[r]
+        req[r, REQ_OUTPUT] = output[r]
+        req[r, REQ_TOK_OFF] = tok_off[r]
+        req[r, REQ_PREFIX_START] = prefix_off[r]
+        req[r, REQ_PREFIX_END] = prefix_off[r + 1]
+        tok_off[r + 1] = tok_off[r] + output[r]
+        times[r, TIME_ARRIVAL] = arrival[r]
+        if max_concurrency == 0:
+            times[r, TIME_SENT] = arrival[r]
+    return req, times, tok_off
+
+
+@njit(cache=True)
+def simulate_kernel(arrival, prompt, output, policy, coef, batch_size, max_queue_delay_s, max_num_seqs, budget,
+                    threshold, rules, prefill_only_steps, usable_blocks, block_size, record, max_concurrency,
+                    max_model_len, prefix_ids, prefix_off, prefix_tokens):
+    """Run one policy over a request stream. Arrays in, arrays out; no globals, no randomness.
+
+    Requests that can never be served are marked rejected before the loop and never enter it: a prompt plus
+    output the whole pool cannot hold, a prompt over the budget of a policy that cannot split it, a prompt that
+    leaves no room for one output token under ``max_model_len`` (> 0). Returns the fields of
+    :class:`batchlab.result.KernelOutput`, in its order.
+    """
+    n = arrival.shape[0]
+    req, times, tok_off = _tables(arrival, prompt, output, prefix_off, max_concurrency)
+    tok_times = np.full(tok_off[n], np.nan)
+    n_live = 0
+    live = np.empty(n, np.int64)
+    whole_prompts = policy == POLICY_CONTINUOUS or (policy == POLICY_CHUNKED and rules & RULE_CHUNKING == 0)
+    for r in range(n):
+        if max_model_len > 0 and prompt[r] >= max_model_len:
+            req[r, REQ_REJECT] = REJECT_MODEL_LEN
+        elif blocks_for(prompt[r] + output[r] - 1, block_size) > usable_blocks:
+            req[r, REQ_REJECT] = REJECT_KV
+        elif budget > 0 and prompt[r] > budget and whole_prompts:
+            req[r, REQ_REJECT] = REJECT_BUDGET
+        else:
+            live[n_live] = r
+            n_live += 1
+    live = live[:n_live]
+    status = STATUS_OK
+    if policy <= POLICY_DYNAMIC:  # static or dynamic
+        delay = max_queue_delay_s if policy == POLICY_DYNAMIC else np.inf
+        steps, sched = run_batched(arrival, prompt, output, live, tok_off, req, times, coef, batch_size, delay,
+                                   usable_blocks, block_size, record, tok_times)
+    else:
+        status, steps, sched = run_iterations(live, req, times, tok_times, coef, policy == POLICY_CHUNKED, rules,
+                                              max_num_seqs, budget, threshold, prefill_only_steps, usable_blocks,
+                                              block_size, record, max_concurrency, prefix_ids, prefix_tokens)
+    for r in range(n):
+        if times[r, TIME_SENT] != times[r, TIME_SENT]:  # rejected before the loop: never waited for a client slot
+            times[r, TIME_SENT] = arrival[r]
+    return (status, times[:, TIME_FIRST].copy(), times[:, TIME_FINISH].copy(), times[:, TIME_SCHED].copy(),
+            times[:, TIME_RELEASE].copy(), req[:, REQ_PREEMPT].copy(), req[:, REQ_REJECT].copy(),
+            req[:, REQ_PADDED].copy(), req[:, REQ_COMPUTED].copy(), req[:, REQ_RECOMPUTED].copy(),
+            req[:, REQ_CACHED].copy(), times[:, TIME_SENT].copy(), tok_off, tok_times, steps, sched)

@@ -1,0 +1,499 @@
+"""Iteration-level batching, one iteration at a time: Orca's ``continuous`` and vLLM 0.33's ``chunked``.
+
+The steps of one iteration (DESIGN sections 4 and 4c) are the helpers below: ``_send_and_queue`` (clients
+send, requests join the waiting queue), ``_schedule_running`` (chunked step 1: running requests first,
+preempting the last one when blocks run out), ``_admit_waiting`` (chunked step 2), ``_admit_whole_prompts``
+(Orca's admission), ``_run_scheduled`` (step 3: the iteration's aggregates and the tokens it emits) and
+``_release_finished``; after the loop, ``_stamp_times`` and ``_account_tokens``. vLLM 0.33's rules are switched
+by the bits of ``rules`` (``layout.RULE_*``); with none of them set the loop is the first version's, bit for bit.
+Helpers are called only when they have work, since every array argument of a call costs a little.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from . import kvcache as kv
+from .cost import step_cost
+from .layout import (KIND_DECODE, KIND_PREEMPT, KIND_PREFILL, REJECT_RECOMPUTE, REQ_CACHED, REQ_COMPUTED,
+                     REQ_EMITTED, REQ_HIGH_WATER, REQ_LAST_HIT, REQ_LOST, REQ_OUTPUT, REQ_PREEMPT, REQ_PROMPT,
+                     REQ_RECOMPUTED, REQ_REJECT, REQ_TOK_OFF, RULE_ASYNC, RULE_CHUNKING, RULE_PREFIX_CACHE,
+                     RULE_RESERVE_FULL, RULE_STOP_UNFIT, RULE_THRESHOLD_ALONE, RUN_BLOCKS, RUN_CACHED, RUN_COLUMNS,
+                     RUN_COMP, RUN_EMIT, RUN_HIT, RUN_OUT, RUN_PROMPT, RUN_REQ, RUN_SEAT, RUN_TOK, RUN_TOKPOS,
+                     SCHED_COLUMNS, ST_CACHED_BLOCKS, ST_FINISHED, ST_FREE_BLOCKS, ST_IN_FLIGHT, ST_NEXT, ST_PENDING,
+                     ST_RUNNING, ST_SCHED, ST_SEATS, ST_SLOT_HEAD, ST_STEPS, ST_WAIT_HEAD, ST_WAIT_LEN, STATUS_OK,
+                     STATUS_STUCK, STEP_COLUMNS, STEP_DURATION, STEP_START, TIME_ARRIVAL, TIME_FINISH, TIME_FIRST,
+                     TIME_RELEASE, TIME_SCHED, TIME_SENT, N_STATE)
+from .records import blocks_for, record_sched, record_step
+
+
+@njit(cache=True)
+def _is_decode(run, k):
+    """Row ``k`` needs one token on top of everything it knows: a decode, not a prompt chunk."""
+    return run[k, RUN_EMIT] > 0 and run[k, RUN_COMP] == run[k, RUN_PROMPT] + run[k, RUN_EMIT] - 1
+
+
+@njit(cache=True)
+def _admit(run, i, r, req, blocks, tokens, computed, seat):
+    """Fill row ``i`` of the running table with request ``r``, ``computed`` tokens already in its cache."""
+    run[i, RUN_REQ] = r
+    run[i, RUN_PROMPT] = req[r, REQ_PROMPT]
+    run[i, RUN_EMIT] = req[r, REQ_EMITTED]
+    run[i, RUN_COMP] = computed
+    run[i, RUN_OUT] = req[r, REQ_OUTPUT]
+    run[i, RUN_BLOCKS] = blocks
+    run[i, RUN_TOK] = tokens
+    run[i, RUN_TOKPOS] = req[r, REQ_TOK_OFF] + req[r, REQ_EMITTED]
+    run[i, RUN_SEAT] = seat
+    run[i, RUN_CACHED] = blocks  # blocks already cached: the hits (prefix caching)
+    run[i, RUN_HIT] = computed
+
+
+@njit(cache=True)
+def _free_slot(st, slot_times, t):
+    """A closed-loop client gets its answer at ``t`` and may send again."""
+    n_slots = slot_times.shape[0]
+    if n_slots > 0:
+        slot_times[(st[ST_SLOT_HEAD] + n_slots - st[ST_IN_FLIGHT]) % n_slots] = t
+        st[ST_IN_FLIGHT] -= 1
+
+
+@njit(cache=True)
+def _send_and_queue(st, times, live, wait, slot_times, view_s):
+    """Clients send requests (closed loop: at most ``len(slot_times)`` in flight, each sent when a slot frees)
+    and those sent by ``view_s`` join the back of the waiting queue. Returns when the next one is sent."""
+    n = wait.shape[0]
+    n_live = live.shape[0]
+    n_slots = slot_times.shape[0]
+    while st[ST_NEXT] < n_live:
+        r = live[st[ST_NEXT]]
+        if times[r, TIME_SENT] != times[r, TIME_SENT]:  # NaN: a closed-loop request waiting for a free client
+            if st[ST_IN_FLIGHT] == n_slots:
+                return np.inf
+            times[r, TIME_SENT] = max(times[r, TIME_ARRIVAL], slot_times[st[ST_SLOT_HEAD]])
+            st[ST_SLOT_HEAD] = (st[ST_SLOT_HEAD] + 1) % n_slots
+            st[ST_IN_FLIGHT] += 1
+        if times[r, TIME_SENT] > view_s:
+            return times[r, TIME_SENT]
+        wait[(st[ST_WAIT_HEAD] + st[ST_WAIT_LEN]) % n] = r
+        st[ST_WAIT_LEN] += 1
+        st[ST_NEXT] += 1
+    return np.inf
+
+
+@njit(cache=True)
+def _preempt_last(st, run, wait, req, pool, seat_blocks, prefix_ids, prefix_tokens, unique_stride, block_size):
+    """Preempt the last running request: free its blocks, restart it from zero at the front of the queue.
+
+    Returns the request preempted, or -1 when the last row had already finished (async scheduling still
+    held it): it simply leaves.
+    """
+    n = wait.shape[0]
+    v = st[ST_RUNNING] - 1
+    victim = run[v, RUN_REQ]
+    if pool.shape[0] > 1:
+        blocks = seat_blocks[run[v, RUN_SEAT]]
+        if run[v, RUN_EMIT] < run[v, RUN_OUT]:
+            kv.index_own_blocks(pool, req, victim, blocks, run[v, RUN_BLOCKS], block_size, prefix_ids, prefix_tokens,
+                                unique_stride)
+        kv.release(st, pool, blocks, run[v, RUN_BLOCKS], run[v, RUN_SEAT])
+    else:
+        st[ST_FREE_BLOCKS] += run[v, RUN_BLOCKS]
+    st[ST_RUNNING] -= 1
+    req[victim, REQ_EMITTED] = run[v, RUN_EMIT]
+    if run[v, RUN_EMIT] == run[v, RUN_OUT]:
+        st[ST_FINISHED] += 1
+        st[ST_PENDING] -= 1
+        return -1
+    req[victim, REQ_LOST] += run[v, RUN_COMP] - run[v, RUN_HIT]
+    req[victim, REQ_HIGH_WATER] = max(req[victim, REQ_HIGH_WATER], run[v, RUN_COMP])
+    req[victim, REQ_PREEMPT] += 1
+    st[ST_WAIT_HEAD] = (st[ST_WAIT_HEAD] - 1) % n
+    wait[st[ST_WAIT_HEAD]] = victim
+    st[ST_WAIT_LEN] += 1
+    return victim
+
+
+@njit(cache=True)
+def _grow_blocks(st, run, k, need, known, req, pool, seat_blocks, prefix_ids, prefix_tokens, unique_stride,
+                 block_size):
+    """Give row ``k`` ``need`` more blocks (free ones, evicting cached keys) and cache its newly full blocks."""
+    if pool.shape[0] > 1:
+        blocks = seat_blocks[run[k, RUN_SEAT]]
+        if need > 0:
+            kv.allocate(st, pool, blocks, run[k, RUN_BLOCKS], need)
+        full = min(run[k, RUN_COMP] + run[k, RUN_TOK], known) // block_size
+        if full > run[k, RUN_CACHED]:
+            kv.register_full(st, pool, req, run[k, RUN_REQ], blocks, run[k, RUN_CACHED], full, block_size,
+                             prefix_ids, prefix_tokens, unique_stride)
+            run[k, RUN_CACHED] = full
+    else:
+        st[ST_FREE_BLOCKS] -= need
+    run[k, RUN_BLOCKS] += need
+
+
+@njit(cache=True)
+def _schedule_running(st, run, wait, req, victims, budget, threshold, block_size, pool, seat_blocks, prefix_ids,
+                      prefix_tokens, unique_stride):
+    """Chunked step 1: running requests in admission order, each asking for a decode or its next chunk.
+
+    A request that cannot get its blocks preempts the last running request (possibly itself, which ends
+    the pass). A row that has finished (held one more step by async scheduling) is skipped. Returns (rows
+    passed, rows scheduled, budget left, requests preempted in ``victims``, rows dropped).
+    """
+    caching = pool.shape[0] > 1
+    hi = 0
+    n_scheduled = 0
+    left = budget
+    n_victims = 0
+    n_dropped = 0
+    n_running = st[ST_RUNNING]  # a local: the state vector changes only when someone is preempted
+    while hi < n_running and left > 0:
+        known = run[hi, RUN_PROMPT] + run[hi, RUN_EMIT]
+        if run[hi, RUN_EMIT] == run[hi, RUN_OUT]:
+            run[hi, RUN_TOK] = 0
+            hi += 1
+            continue
+        want = known - run[hi, RUN_COMP]
+        if threshold > 0 and want > threshold:
+            want = threshold
+        if want > left:
+            want = left
+        need = 0
+        if run[hi, RUN_COMP] + want > run[hi, RUN_BLOCKS] * block_size:  # skips a division on most steps
+            need = blocks_for(run[hi, RUN_COMP] + want, block_size) - run[hi, RUN_BLOCKS]
+        scheduled = True
+        while need > st[ST_FREE_BLOCKS]:
+            was_last = n_running - 1 == hi
+            victim = _preempt_last(st, run, wait, req, pool, seat_blocks, prefix_ids, prefix_tokens, unique_stride,
+                                   block_size)
+            n_running = st[ST_RUNNING]
+            n_dropped += 1
+            if victim >= 0:
+                victims[n_victims] = victim
+                n_victims += 1
+            if was_last:
+                scheduled = False
+                break
+        if not scheduled:
+            break
+        run[hi, RUN_TOK] = want
+        if need > 0 or (caching and run[hi, RUN_COMP] + want >= (run[hi, RUN_CACHED] + 1) * block_size):
+            _grow_blocks(st, run, hi, need, known, req, pool, seat_blocks, prefix_ids, prefix_tokens,
+                         unique_stride, block_size)
+        left -= want
+        hi += 1
+        n_scheduled += 1
+    return hi, n_scheduled, left, n_victims, n_dropped
+
+
+@njit(cache=True)
+def _admit_waiting(st, run, wait, skipped, req, times, slot_times, now, left, budget, threshold, rules,
+                   max_num_seqs, block_size, pool, seat_blocks, prefix_ids, prefix_tokens, unique_stride, hit_slots):
+    """Chunked step 2: waiting requests, oldest first, while seats, budget and blocks last.
+
+    A newcomer reuses the cached blocks of its prefix (prefix caching), then asks for its first chunk, capped
+    by the threshold and the budget left; if that chunk's blocks (or, with full-prompt reservation, its whole
+    sequence's) cannot be had, admission stops. With chunking off, a request that does not fit the budget left
+    stops admission (vLLM 0.33) or, without that rule, is set aside while the next is tried (vLLM before it).
+    """
+    n = wait.shape[0]
+    n_skip = 0
+    caching = pool.shape[0] > 1
+    while st[ST_WAIT_LEN] > 0 and left > 0 and st[ST_RUNNING] < max_num_seqs:
+        r = wait[st[ST_WAIT_HEAD]]
+        n_tokens = req[r, REQ_PROMPT] + req[r, REQ_EMITTED]
+        hits = 0
+        idle = 0
+        if caching:
+            hits, idle = kv.longest_hit(req, r, n_tokens, block_size, prefix_ids, prefix_tokens, unique_stride, pool,
+                                        hit_slots)
+        computed = hits * block_size
+        want = n_tokens - computed
+        if threshold > 0 and want > threshold:
+            want = threshold
+        if rules & RULE_CHUNKING == 0 and want > left:
+            if want > budget:  # a resumed request whose recomputation can never fit one iteration
+                st[ST_WAIT_HEAD] = (st[ST_WAIT_HEAD] + 1) % n
+                st[ST_WAIT_LEN] -= 1
+                req[r, REQ_REJECT] = REJECT_RECOMPUTE
+                st[ST_FINISHED] += 1
+                _free_slot(st, slot_times, now)
+                continue
+            if rules & RULE_STOP_UNFIT:
+                break
+            st[ST_WAIT_HEAD] = (st[ST_WAIT_HEAD] + 1) % n  # set aside; it keeps its place at the front
+            st[ST_WAIT_LEN] -= 1
+            skipped[n_skip] = r
+            n_skip += 1
+            continue
+        if want > left:
+            want = left
+        if caching:
+            need, need_full = kv.blocks_to_admit(n_tokens, computed, want, hits, idle, block_size)
+        else:
+            need, need_full = blocks_for(want, block_size), blocks_for(n_tokens, block_size)
+        if need > st[ST_FREE_BLOCKS] or (rules & RULE_RESERVE_FULL and need_full > st[ST_FREE_BLOCKS]):
+            break
+        st[ST_WAIT_HEAD] = (st[ST_WAIT_HEAD] + 1) % n
+        st[ST_WAIT_LEN] -= 1
+        if times[r, TIME_SCHED] != times[r, TIME_SCHED]:  # NaN: first time scheduled
+            times[r, TIME_SCHED] = now
+            req[r, REQ_CACHED] = computed
+        req[r, REQ_LAST_HIT] = computed
+        row = st[ST_RUNNING]
+        seat = 0
+        if caching:
+            seat = kv.take_seat(st, pool)
+            kv.take_hits(st, pool, seat_blocks[seat], hits, hit_slots)
+        _admit(run, row, r, req, hits, want, computed, seat)
+        _grow_blocks(st, run, row, blocks_for(computed + want, block_size) - hits, n_tokens, req, pool,
+                     seat_blocks, prefix_ids, prefix_tokens, unique_stride, block_size)
+        st[ST_RUNNING] += 1
+        left -= want
+    for k in range(n_skip - 1, -1, -1):
+        st[ST_WAIT_HEAD] = (st[ST_WAIT_HEAD] - 1) % n
+        wait[st[ST_WAIT_HEAD]] = skipped[k]
+        st[ST_WAIT_LEN] += 1
+    return left
+
+
+@njit(cache=True)
+def _admit_whole_prompts(st, run, wait, req, times, now, budget, max_num_seqs, block_size):
+    """Orca's admission: whole prompts join, KV for prompt + output reserved up front; no preemption.
+
+    ``budget`` > 0 caps the prompt tokens admitted in one iteration (vLLM V0). Returns the first new row.
+    """
+    n = wait.shape[0]
+    first_new = st[ST_RUNNING]
+    prompt_sum = 0
+    while st[ST_WAIT_LEN] > 0 and st[ST_RUNNING] < max_num_seqs:
+        r = wait[st[ST_WAIT_HEAD]]
+        need = blocks_for(req[r, REQ_PROMPT] + req[r, REQ_OUTPUT] - 1, block_size)
+        if need > st[ST_FREE_BLOCKS] or (budget > 0 and prompt_sum + req[r, REQ_PROMPT] > budget):
+            break
+        st[ST_WAIT_HEAD] = (st[ST_WAIT_HEAD] + 1) % n
+        st[ST_WAIT_LEN] -= 1
+        st[ST_FREE_BLOCKS] -= need
+        prompt_sum += req[r, REQ_PROMPT]
+        times[r, TIME_SCHED] = now
+        _admit(run, st[ST_RUNNING], r, req, need, req[r, REQ_PROMPT], 0, 0)
+        st[ST_RUNNING] += 1
+    return first_new
+
+
+@njit(cache=True)
+def _run_scheduled(run, lo, hi, step_index, times, tok_times):
+    """Step 3: one pass over the rows ``[lo, hi)`` sums the iteration's aggregates and emits.
+
+    A request that has computed every token it knows samples the next one; a row scheduled for no tokens
+    (finished, held by async scheduling) is passed over. Emissions are stamped with the step's index (turned
+    into times after the loop), so the step's duration is not needed here. Returns (prefill tokens, decode
+    sequences, attention work, cached tokens, rows that finished).
+    """
+    attn_work = 0.0
+    cached = 0
+    prefill_tokens = 0
+    decode_seqs = 0
+    n_done = 0
+    for k in range(lo, hi):
+        c = run[k, RUN_TOK]
+        if c == 0:
+            continue
+        p = run[k, RUN_COMP]
+        known = run[k, RUN_PROMPT] + run[k, RUN_EMIT]
+        cached += p
+        if run[k, RUN_EMIT] > 0 and p == known - 1:  # a decode
+            attn_work += 2.0 * p
+            decode_seqs += 1
+        else:
+            attn_work += c * (2.0 * p + c)
+            prefill_tokens += c
+        run[k, RUN_COMP] = p + c
+        run[k, RUN_TOK] = 1  # Orca: after its first iteration a row only decodes (chunked resets it anyway)
+        if p + c == known:
+            tok_times[run[k, RUN_TOKPOS]] = step_index
+            run[k, RUN_TOKPOS] += 1
+            run[k, RUN_EMIT] += 1
+            if run[k, RUN_EMIT] == 1:
+                times[run[k, RUN_REQ], TIME_FIRST] = step_index
+            if run[k, RUN_EMIT] == run[k, RUN_OUT]:
+                times[run[k, RUN_REQ], TIME_FINISH] = step_index
+                n_done += 1
+    return prefill_tokens, decode_seqs, attn_work, cached, n_done
+
+
+@njit(cache=True)
+def _release_finished(st, run, req, times, step_index, hold, end_s, slot_times, pool, seat_blocks):
+    """Requests that produced their whole output leave the running table and free their blocks; the others keep
+    their order. With ``hold`` (async scheduling) the ones that finished in step ``step_index`` stay one step
+    more. A closed-loop client whose request finished in this step may send again from ``end_s``."""
+    j = 0
+    held = 0
+    for i in range(st[ST_RUNNING]):
+        r = run[i, RUN_REQ]
+        done = run[i, RUN_EMIT] == run[i, RUN_OUT]
+        if done and times[r, TIME_FINISH] == step_index:
+            _free_slot(st, slot_times, end_s)
+        if done and not (hold and times[r, TIME_FINISH] == step_index):
+            req[r, REQ_EMITTED] = run[i, RUN_EMIT]
+            if pool.shape[0] > 1:
+                kv.release(st, pool, seat_blocks[run[i, RUN_SEAT]], run[i, RUN_BLOCKS], run[i, RUN_SEAT])
+            else:
+                st[ST_FREE_BLOCKS] += run[i, RUN_BLOCKS]
+            st[ST_FINISHED] += 1
+            continue
+        held += done
+        if j != i:
+            for col in range(RUN_COLUMNS):
+                run[j, col] = run[i, col]
+        j += 1
+    st[ST_RUNNING] = j
+    st[ST_PENDING] = held
+
+
+@njit(cache=True)
+def _stamp_times(steps, n_steps, live, tok_times, times):
+    """Step indices to times: every emission happens at the end of its step."""
+    ends = steps[:n_steps, STEP_START] + steps[:n_steps, STEP_DURATION]
+    for i in range(tok_times.shape[0]):
+        if tok_times[i] == tok_times[i]:
+            tok_times[i] = ends[int(tok_times[i])]
+    for r in live:
+        if times[r, TIME_FIRST] == times[r, TIME_FIRST]:
+            times[r, TIME_FIRST] = ends[int(times[r, TIME_FIRST])]
+        if times[r, TIME_FINISH] == times[r, TIME_FINISH]:
+            times[r, TIME_FINISH] = ends[int(times[r, TIME_FINISH])]
+            times[r, TIME_RELEASE] = times[r, TIME_FINISH]
+
+
+@njit(cache=True)
+def _account_tokens(live, req):
+    """Token accounting: positions computed, and recomputed because of preemption.
+
+    A completed request computed prompt + output - 1 positions minus those its last admission found cached,
+    plus everything it computed before each preemption (``lost``, net of the hits of that admission); what it
+    computed beyond the least it needed (prompt + output - 1 less its first admission's hits) is
+    recomputation. A request rejected after preemption recomputed what it lost beyond its furthest progress.
+    """
+    for r in live:
+        least = req[r, REQ_PROMPT] + req[r, REQ_OUTPUT] - 1
+        if req[r, REQ_REJECT] == 0:
+            req[r, REQ_COMPUTED] = least - req[r, REQ_LAST_HIT] + req[r, REQ_LOST]
+            req[r, REQ_RECOMPUTED] = req[r, REQ_COMPUTED] - (least - req[r, REQ_CACHED])
+        else:
+            req[r, REQ_RECOMPUTED] = req[r, REQ_LOST] - req[r, REQ_HIGH_WATER]
+            req[r, REQ_COMPUTED] = req[r, REQ_LOST]
+
+
+@njit(cache=True)
+def _plan(st, run, wait, skipped, victims, req, times, slot_times, now, chunked, rules, max_num_seqs, budget,
+          threshold, prefill_only_steps, block_size, pool, seat_blocks, prefix_ids, prefix_tokens, unique_stride,
+          hit_slots):
+    """Form one iteration: the rows ``[lo, hi)`` of the running table it runs. Returns (lo, hi, rows scheduled,
+    requests preempted in ``victims``)."""
+    thr = threshold
+    if rules & RULE_THRESHOLD_ALONE and st[ST_RUNNING] + st[ST_WAIT_LEN] <= 1:
+        thr = 0  # nobody to starve
+    if not chunked:
+        first_new = _admit_whole_prompts(st, run, wait, req, times, now, budget, max_num_seqs, block_size)
+        lo = first_new if (prefill_only_steps and st[ST_RUNNING] > first_new) else 0
+        return lo, st[ST_RUNNING], st[ST_RUNNING] - lo, 0
+    hi, n_scheduled, left, n_victims, n_dropped = _schedule_running(
+        st, run, wait, req, victims, budget, thr, block_size, pool, seat_blocks, prefix_ids, prefix_tokens,
+        unique_stride)
+    # Nobody is admitted in an iteration that preempted.
+    if n_dropped == 0 and st[ST_WAIT_LEN] > 0 and left > 0 and st[ST_RUNNING] < max_num_seqs:
+        _admit_waiting(st, run, wait, skipped, req, times, slot_times, now, left, budget, thr, rules, max_num_seqs,
+                       block_size, pool, seat_blocks, prefix_ids, prefix_tokens, unique_stride, hit_slots)
+        if st[ST_RUNNING] > hi:
+            n_scheduled += st[ST_RUNNING] - hi
+            hi = st[ST_RUNNING]
+    return 0, hi, n_scheduled, n_victims
+
+
+@njit(cache=True)
+def run_iterations(live, req, times, tok_times, coef, chunked, rules, max_num_seqs, budget, threshold,
+                   prefill_only_steps, usable_blocks, block_size, record, max_concurrency, prefix_ids,
+                   prefix_tokens):
+    """Iteration-level policies: Orca-style ``continuous`` and vLLM ``chunked`` (DESIGN sections 4 and 4c).
+
+    ``budget`` <= 0 means no token budget (continuous only). ``max_concurrency`` > 0 holds at most that many
+    requests in flight (closed-loop clients); a request's send time is ``times[:, TIME_SENT]`` (NaN: the
+    kernel decides, closed loop). With async scheduling the iteration after the one running is planned when
+    that one starts: it sees the requests sent by then, and the ones that finish in it still hold their seat
+    and blocks.
+    """
+    n = req.shape[0]
+    n_live = live.shape[0]
+    caching = chunked and rules & RULE_PREFIX_CACHE != 0
+    asynchronous = chunked and rules & RULE_ASYNC != 0
+    run = np.zeros((min(n, max_num_seqs) + 1, RUN_COLUMNS), np.int64)
+    wait = np.empty(n, np.int64)  # waiting queue: a ring buffer, since preempted requests go back to its front
+    skipped = np.empty(n, np.int64)
+    victims = np.empty(n, np.int64)
+    slot_times = np.zeros(max_concurrency, np.float64)  # when each free client slot freed (closed loop)
+    max_blocks = 1
+    for r in live:
+        max_blocks = max(max_blocks, blocks_for(req[r, REQ_PROMPT] + req[r, REQ_OUTPUT], block_size))
+    pool = kv.new_pool(usable_blocks, run.shape[0]) if caching else np.zeros(1, np.int64)
+    seat_blocks = np.zeros((run.shape[0], max_blocks) if caching else (1, 1), np.int64)
+    hit_slots = np.empty(max_blocks if caching else 1, np.int64)
+    steps = np.empty((1024, len(STEP_COLUMNS)))
+    sched = np.empty((1024 if record else 1, len(SCHED_COLUMNS)), np.int64)
+    st = np.zeros(N_STATE, np.int64)
+    st[ST_FREE_BLOCKS] = usable_blocks
+    st[ST_SEATS] = run.shape[0] if caching else 0
+    now = 0.0
+    last_start = 0.0
+    busy = False  # a step has just run, so async scheduling planned this one when that step started
+    while st[ST_FINISHED] < n_live:
+        next_sent = _send_and_queue(st, times, live, wait, slot_times, last_start if asynchronous and busy else now)
+        if st[ST_RUNNING] == 0 and st[ST_WAIT_LEN] == 0:
+            if next_sent == np.inf:
+                return STATUS_STUCK, steps[:st[ST_STEPS]], sched[:st[ST_SCHED]]
+            now = max(now, next_sent)
+            busy = False
+            continue
+        lo, hi, n_scheduled, n_victims = _plan(
+            st, run, wait, skipped, victims, req, times, slot_times, now, chunked, rules, max_num_seqs, budget,
+            threshold, prefill_only_steps, block_size, pool, seat_blocks, prefix_ids, prefix_tokens,
+            max_blocks + 1, hit_slots)
+        if record:
+            # Recorded after the pass: reassigning an array inside the hot loop costs refcounting.
+            for k in range(n_victims):
+                sched = record_sched(sched, st[ST_SCHED], st[ST_STEPS], victims[k], 0, KIND_PREEMPT)
+                st[ST_SCHED] += 1
+        if n_scheduled == 0:
+            if asynchronous and busy:
+                # The plan made while the last step ran was empty: the engine waits for that step and plans again.
+                _release_finished(st, run, req, times, -1, False, now, slot_times, pool, seat_blocks)
+                busy = False
+                continue
+            # Only possible when every waiting request was just rejected; anything else is a bug.
+            if st[ST_FINISHED] == n_live or (st[ST_RUNNING] == 0 and st[ST_WAIT_LEN] == 0):
+                continue
+            return STATUS_STUCK, steps[:st[ST_STEPS]], sched[:st[ST_SCHED]]
+        if record:
+            for k in range(lo, hi):
+                if run[k, RUN_TOK] > 0:
+                    sched = record_sched(sched, st[ST_SCHED], st[ST_STEPS], run[k, RUN_REQ], run[k, RUN_TOK],
+                                         KIND_DECODE if _is_decode(run, k) else KIND_PREFILL)
+                    st[ST_SCHED] += 1
+        prefill_tokens, decode_seqs, attn_work, cached, n_done = _run_scheduled(
+            run, lo, hi, st[ST_STEPS], times, tok_times)
+        dur, _g, _a, _c, _e, flops, nbytes, bound = step_cost(coef, decode_seqs + prefill_tokens, attn_work,
+                                                              cached)
+        steps = record_step(steps, st[ST_STEPS], now, dur, prefill_tokens, decode_seqs, st[ST_RUNNING],
+                            usable_blocks - st[ST_FREE_BLOCKS], bound, flops, nbytes, st[ST_CACHED_BLOCKS])
+        st[ST_STEPS] += 1
+        last_start = now
+        now += dur
+        busy = True
+        if n_done > 0 or st[ST_PENDING] > 0:
+            _release_finished(st, run, req, times, st[ST_STEPS] - 1, asynchronous, now, slot_times, pool,
+                              seat_blocks)
+    n_steps = st[ST_STEPS]
+    _stamp_times(steps, n_steps, live, tok_times, times)
+    _account_tokens(live, req)
+    return STATUS_OK, steps[:n_steps], sched[:st[ST_SCHED]]

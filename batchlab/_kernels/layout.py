@@ -1,0 +1,93 @@
+"""Names of the slots the kernels read and write: plain integer constants, no jitted code.
+
+Numba freezes module-level integers into the compiled code, so the kernels index arrays by these names at no
+cost, and Python code (``CostModel.coefficients``, ``SimResult``) uses the same names.
+"""
+from __future__ import annotations
+
+# -- the cost model's coefficients: one float64 vector, per GPU, filled by CostModel.coefficients() ----------
+COEF_GEMM_FLOPS_PER_TOKEN = 0  # FLOP per new token in the weight GEMMs, 2 P / t
+COEF_WEIGHT_BYTES = 1  # bytes of weights streamed once per step, P b_w / t
+COEF_ATTN_FLOPS_PER_WORK = 2  # FLOP per unit of attention work, 2 L d / t
+COEF_KV_BYTES_PER_TOKEN = 3  # KV bytes per cached or new token, k (per GPU)
+COEF_PEAK_FLOPS = 4  # FLOP/s, dense peak for the weight dtype
+COEF_HBM_BYTES_PER_S = 5  # bytes/s
+COEF_ETA_COMPUTE = 6  # fraction of peak FLOP/s in GEMMs
+COEF_ETA_MEMORY = 7  # fraction of HBM bandwidth
+COEF_ETA_ATTN = 8  # fraction of peak FLOP/s in attention
+COEF_OVERHEAD_S = 9  # seconds per step
+COEF_COMM_S_PER_TOKEN = 10  # seconds of all-reduce bandwidth per new token (0 at TP 1)
+COEF_COMM_S_PER_STEP = 11  # seconds of all-reduce latency per step (0 at TP 1)
+COEF_ELEMENTWISE_BYTES_PER_TOKEN = 12  # activation bytes of norms, RoPE, SiLU-and-mul per token (0: no term)
+COEF_ETA_ELEMENTWISE = 13  # fraction of HBM bandwidth in the elementwise kernels
+N_COEF = 14
+
+# -- policies, step and schedule records, rejections -----------------------------------------------------------
+POLICIES = ("static", "dynamic", "continuous", "chunked")
+POLICY_STATIC, POLICY_DYNAMIC, POLICY_CONTINUOUS, POLICY_CHUNKED = range(4)
+
+STEP_COLUMNS = (  # one row per iteration, float64
+    "start_s", "duration_s", "prefill_tokens", "decode_seqs", "running", "kv_blocks_used",
+    "compute_bound", "flops", "hbm_bytes", "kv_blocks_cached",
+)
+(STEP_START, STEP_DURATION, STEP_PREFILL_TOKENS, STEP_DECODE_SEQS, STEP_RUNNING, STEP_KV_BLOCKS,
+ STEP_COMPUTE_BOUND, STEP_FLOPS, STEP_HBM_BYTES, STEP_KV_CACHED) = range(len(STEP_COLUMNS))
+
+SCHED_COLUMNS = ("step", "request", "tokens", "kind")  # one row per request per iteration, int64
+SCHED_STEP, SCHED_REQUEST, SCHED_TOKENS, SCHED_KIND = range(len(SCHED_COLUMNS))
+KIND_PREFILL, KIND_DECODE, KIND_PREEMPT = 0, 1, 2
+KIND_NAMES = ("prefill", "decode", "preempt")
+
+# Rejection codes (0 = served); the Python side turns them into sentences.
+REJECT_KV, REJECT_BUDGET, REJECT_RECOMPUTE, REJECT_MODEL_LEN = 1, 2, 3, 4
+
+STATUS_OK, STATUS_STUCK = 0, 1
+
+# -- the chunked policy's rules, as bit flags of one integer argument ------------------------------------------
+RULE_CHUNKING = 1  # enable_chunked_prefill
+RULE_RESERVE_FULL = 2  # scheduler_reserve_full_isl: admit only if the whole prompt's blocks are free
+RULE_ASYNC = 4  # async_scheduling: plan step n + 1 while step n runs
+RULE_PREFIX_CACHE = 8  # enable_prefix_caching
+RULE_THRESHOLD_ALONE = 16  # long_prefill_token_threshold ignored for a request alone (vLLM >= 0.33)
+RULE_STOP_UNFIT = 32  # chunking off: a waiting prompt that does not fit the budget left stops admission
+
+# -- the running table: one row per running request, in admission order, so every pass over the running set walks
+# contiguous memory (the per-request arrays are too large to stay in cache).
+(RUN_REQ, RUN_PROMPT, RUN_EMIT, RUN_COMP, RUN_OUT, RUN_BLOCKS, RUN_TOK, RUN_TOKPOS, RUN_SEAT, RUN_CACHED,
+ RUN_HIT) = range(11)
+RUN_COLUMNS = 11  # RUN_SEAT: row of the block table (prefix caching); RUN_CACHED: blocks cached; RUN_HIT: tokens hit
+
+# -- the loop's scalar state, one int64 vector so the step helpers can update it in place ------------------------
+ST_RUNNING = 0  # rows of the running table in use
+ST_WAIT_HEAD = 1  # ring-buffer head of the waiting queue
+ST_WAIT_LEN = 2  # requests waiting
+ST_FREE_BLOCKS = 3  # free KV blocks (with prefix caching: cached blocks nobody uses count as free)
+ST_FINISHED = 4  # live requests finished or rejected
+ST_NEXT = 5  # next live request to send
+ST_STEPS = 6  # iterations recorded
+ST_SCHED = 7  # schedule rows recorded
+ST_IN_FLIGHT = 8  # requests sent and not finished (closed-loop clients)
+ST_SLOT_HEAD = 9  # ring-buffer head of the free client slots' times (closed-loop clients)
+ST_CACHED_BLOCKS = 10  # blocks holding a cached block key (prefix caching)
+ST_PENDING = 11  # finished rows still in the running table (async scheduling holds them one step)
+ST_SEATS = 12  # free rows of the block table (prefix caching)
+N_STATE = 13
+
+# -- per-request tables: one row per request, so a request's fields share a cache line and every helper takes
+# one array for them (each array argument of a jitted call costs reference counting, once per iteration).
+(REQ_PROMPT, REQ_OUTPUT, REQ_TOK_OFF, REQ_EMITTED, REQ_LOST, REQ_HIGH_WATER, REQ_PREEMPT, REQ_REJECT,
+ REQ_COMPUTED, REQ_RECOMPUTED, REQ_PADDED, REQ_CACHED, REQ_LAST_HIT, REQ_PREFIX_START,
+ REQ_PREFIX_END) = range(15)
+REQ_COLUMNS = 15  # int64: prompt, output, token offset, what the loop counts, the request's prefix ids' range
+TIME_ARRIVAL, TIME_SENT, TIME_FIRST, TIME_FINISH, TIME_SCHED, TIME_RELEASE = range(6)
+TIME_COLUMNS = 6  # float64, seconds (step indices for first and finish inside the iteration loop)
+
+# -- the prefix cache -------------------------------------------------------------------------------------------
+NO_KEY = -(2**63)  # an empty hash-table slot or a physical block holding no cached key
+# A full block only its own request could find again (no prefix id covers it): cached for the LRU order but left
+# out of the hash table until that request is preempted, when its blocks are indexed (hashing every decode block
+# of every request would cost more than the rest of the loop).
+UNINDEXED = NO_KEY + 1
+# The block pool is one int64 array: a header, then each section (see kvcache.py).
+POOL_SLOTS, POOL_TABLE, POOL_SEATS = range(3)  # header: slots n, hash-table size T (a power of 2), seats S
+POOL_HEADER = 3
