@@ -18,8 +18,16 @@ def h100():
 
 @pytest.fixture(scope="session")
 def cost8b(h100):
+    """Llama-3-8B, BF16, one H100 SXM, the calibrated defaults: the book's reference configuration."""
     import batchlab as bl
     return bl.CostModel(h100, bl.get_model("llama-3-8b"))
+
+
+@pytest.fixture(scope="session")
+def cost70b_fp8(h100):
+    """Llama-3-70B with FP8 weights on one H100 SXM: the article's large model (chapters 05, 11)."""
+    import batchlab as bl
+    return bl.CostModel(h100, bl.get_model("llama-3-70b"), dtype="fp8")
 
 
 @pytest.fixture(scope="session")

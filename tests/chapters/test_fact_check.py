@@ -13,28 +13,23 @@ import batchlab as bl
 from batchlab.chapters import fact_check as chapter
 
 
-@pytest.fixture(scope="module")
-def large(h100):
-    return bl.CostModel(h100, bl.get_model("llama-3-70b"), dtype="fp8")
 
-
-
-def test_prefill_gap_closed_forms(cost8b, large, h100):
+def test_prefill_gap_closed_forms(cost8b, cost70b_fp8, h100):
     ideal = chapter.prefill_gap(cost8b.ideal(), 8000)
     assert ideal["step_s"] == pytest.approx(0.1468, abs=5e-4)  # DESIGN: about 147 ms at 100 % of BF16 peak
     assert ideal["mfu"] == pytest.approx(1.0) and ideal["bound"] == "compute"  # the roofline runs at peak
     m = cost8b.model
     flops = 2 * m.params * 8000 + 2 * m.layers * m.attn_dim * 8000**2
     assert ideal["flops"] == pytest.approx(flops)
-    big = chapter.prefill_gap(large.ideal(), 8000)
+    big = chapter.prefill_gap(cost70b_fp8.ideal(), 8000)
     assert big["step_s"] == pytest.approx(0.6128, abs=5e-4)  # >= 613 ms at 100 % of FP8 peak
     assert big["flops"] / h100.flops_fp8 == pytest.approx(big["step_s"])
     calibrated = chapter.prefill_gap(cost8b, 8000, decoders=64, context=2048)
     assert calibrated["step_s"] > ideal["step_s"] and 0 < calibrated["mfu"] < 1
 
 
-def test_implied_mfu(cost8b, large):
-    assert chapter.implied_mfu(large.ideal(), 8000, 0.400) > 1  # impossible on one H100
+def test_implied_mfu(cost8b, cost70b_fp8):
+    assert chapter.implied_mfu(cost70b_fp8.ideal(), 8000, 0.400) > 1  # impossible on one H100
     assert chapter.implied_mfu(cost8b, 8000, 0.400, 149, 2048) == pytest.approx(0.373, abs=0.002)
     gap = chapter.prefill_gap(cost8b, 8000, 10, 1024)
     assert chapter.implied_mfu(cost8b, 8000, gap["step_s"], 10, 1024) == pytest.approx(gap["mfu"])

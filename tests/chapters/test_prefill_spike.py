@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 from spec_helpers import axis_titles, marks, walk
 
-import batchlab as bl
 from batchlab.chapters import prefill_spike as chapter
 
 SMALL = dict(n_decoders=32, context=1024, prompt_tokens=4000, tail_steps=20)
@@ -15,11 +14,6 @@ SMALL = dict(n_decoders=32, context=1024, prompt_tokens=4000, tail_steps=20)
 @pytest.fixture(scope="module")
 def orca(cost8b):
     return chapter.prefill_spike(cost8b, n_behind=4, seed=1, **SMALL)
-
-
-@pytest.fixture(scope="module")
-def cost70(h100):
-    return bl.CostModel(h100, bl.get_model("llama-3-70b"), dtype="fp8")
 
 
 def test_the_largest_gap_is_the_admitting_step(orca, cost8b):
@@ -73,12 +67,12 @@ def test_spike_grows_with_the_prompt(cost8b):
 
 
 @pytest.fixture(scope="module")
-def frames(cost8b, cost70):
-    return chapter.spike_scenarios({"8b": (cost8b, 16), "70b": (cost70, 2)}, context=512, prompt_tokens=2000,
+def frames(cost8b, cost70b_fp8):
+    return chapter.spike_scenarios({"8b": (cost8b, 16), "70b": (cost70b_fp8, 2)}, context=512, prompt_tokens=2000,
                                    n_behind=3, tail_steps=5)
 
 
-def test_scenarios_frames(frames, cost70):
+def test_scenarios_frames(frames, cost70b_fp8):
     itl, behind, summary, spikes = frames
     assert len(summary) == 4 and set(spikes) == {(m, o) for m in ("8b", "70b") for o in chapter.SPIKE_ORDERS}
     assert set(behind["run"]) == {"with the long prompt", "without it"} and len(behind) == 4 * 3 * 2
@@ -87,7 +81,7 @@ def test_scenarios_frames(frames, cost70):
         sub = itl[(itl["model"] == m) & (itl["order"] == o)]
         assert sub["itl_ms"].max() == pytest.approx(s.summary["itl_max_s"] * 1e3)
     row = summary.set_index(["model", "order"]).loc[("70b", "mixed step (Orca)")]
-    assert row["itl_max_s"] > row["ideal_prefill_s"] >= cost70.ideal().prefill_time(2000)
+    assert row["itl_max_s"] > row["ideal_prefill_s"] >= cost70b_fp8.ideal().prefill_time(2000)
     assert row["n_decoders"] == 2 and row["kv_pool_tokens"] > 0
 
 
