@@ -1,5 +1,4 @@
 """batchlab: how LLM servers batch requests, on an analytic GPU cost model and a jitted scheduler loop."""
-VLLM_VERSION = "0.33.0"  # the vLLM whose scheduler rules and defaults policy "chunked" follows (DESIGN section 4c)
 from .cost import CostModel, StepBreakdown
 from .hardware import Hardware, get_hardware, hardware_names
 from .models import ModelSpec, get_model, model_names
@@ -7,15 +6,17 @@ from .result import SimResult
 from .sim import POLICIES, simulate, vllm_defaults
 from .sweep import expand_grid, is_dominated, pareto_front, sweep
 from .workload import (Requests, arrivals_gamma, arrivals_poisson, fixed, from_frame, lengths_empirical,
-                       lengths_lognormal, lengths_uniform, read_trace, synthetic)
+                       lengths_lognormal, lengths_uniform, multi_turn, read_trace, shared_prefix, synthetic)
 from .workload import preset, preset_names, trace_stats
 from .datasets import replay
 
+VLLM_VERSION = "0.33.0"  # the vLLM whose scheduler rules and defaults policy "chunked" follows (DESIGN section 4c)
+
 __all__ = [
-    "VLLM_VERSION", "CostModel", "StepBreakdown", "Hardware", "get_hardware", "hardware_names", "ModelSpec", "get_model",
-    "model_names", "SimResult", "POLICIES", "simulate", "vllm_defaults", "Requests", "arrivals_gamma",
+    "VLLM_VERSION", "CostModel", "StepBreakdown", "Hardware", "get_hardware", "hardware_names", "ModelSpec",
+    "get_model", "model_names", "SimResult", "POLICIES", "simulate", "vllm_defaults", "Requests", "arrivals_gamma",
     "arrivals_poisson", "fixed", "from_frame", "lengths_empirical", "lengths_lognormal", "lengths_uniform",
-    "read_trace", "synthetic",
+    "read_trace", "synthetic", "shared_prefix", "multi_turn",
     "preset", "preset_names", "trace_stats", "replay", "expand_grid", "is_dominated", "pareto_front", "sweep",
 ]
 __version__ = "0.1.0"

@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 
 from . import metrics
-from ._kernels import (KIND_NAMES, REJECT_BUDGET, REJECT_KV, REJECT_MODEL_LEN, REJECT_RECOMPUTE, SCHED_KIND, SCHED_REQUEST, SCHED_STEP,
-                       SCHED_TOKENS, STEP_COLUMNS, STEP_COMPUTE_BOUND, STEP_DURATION)
+from ._kernels import (KIND_NAMES, REJECT_BUDGET, REJECT_KV, REJECT_MODEL_LEN, REJECT_RECOMPUTE, SCHED_KIND,
+                       SCHED_REQUEST, SCHED_STEP, SCHED_TOKENS, STEP_COLUMNS, STEP_COMPUTE_BOUND, STEP_DURATION)
 
 
 class KernelOutput(NamedTuple):
@@ -100,7 +100,8 @@ class SimResult:
             reasons[i] = _reject_reason(reject[i], s.prompt_tokens[i], output[i], self.knobs)
         df = pd.DataFrame({
             "arrival_s": s.arrival_s, "sent_s": raw.sent_s, "prompt_tokens": s.prompt_tokens,
-            "output_tokens": output, "cached_tokens": raw.cached_tokens, "scheduled_s": raw.scheduled_s, "first_token_s": first, "finish_s": finish, "release_s": raw.release_s,
+            "output_tokens": output, "cached_tokens": raw.cached_tokens, "scheduled_s": raw.scheduled_s,
+            "first_token_s": first, "finish_s": finish, "release_s": raw.release_s,
             **lat,
             "preemptions": raw.preemptions, "computed_tokens": raw.computed_tokens,
             "recomputed_tokens": raw.recomputed_tokens, "padded_tokens": raw.padded_tokens, "rejected": rejected,

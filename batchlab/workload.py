@@ -265,6 +265,78 @@ def fixed(n_requests: int, prompt_tokens: int, output_tokens: int, rate_req_s: f
     return synthetic(n_requests, prompt_tokens, output_tokens, rate_req_s=rate_req_s, seed=seed)
 
 
+def _chain_ids(n_tokens: int, block_tokens: int, shared_tokens: int, shared_base: int, own_base: int) -> list[int]:
+    """Block ids of a token stream: blocks that end within its first ``shared_tokens`` tokens get the shared
+    ids ``shared_base + j``, the others ``own_base + j`` (a hash chain: a block's id names everything before it)."""
+    n_blocks = -(-n_tokens // block_tokens)
+    return [(shared_base if (j + 1) * block_tokens <= shared_tokens else own_base) + j for j in range(n_blocks)]
+
+
+def shared_prefix(n_requests: int, n_groups: int, prompts_per_group: int, system_prompt_tokens: int,
+                  question_tokens: int, output_tokens: int, rate_req_s: float = math.inf, arrival_cv: float = 1.0,
+                  seed=0, prefix_block_tokens: int = 16) -> Requests:
+    """Prompts that share system prompts, as inference-perf's ``shared_prefix`` workload builds them.
+
+    ``n_groups`` system prompts of ``system_prompt_tokens`` tokens, each followed by ``prompts_per_group``
+    questions of ``question_tokens`` tokens: ``n_groups * prompts_per_group`` distinct prompts, shuffled and
+    then sent in that order again and again until ``n_requests`` are sent (so after the first round every prompt
+    has been seen). Every request generates ``output_tokens`` tokens (``ignore_eos``). ``prefix_blocks`` say
+    which blocks are shared: a group's system-prompt blocks, and a repeated prompt's whole prompt.
+    """
+    for name, value in (("n_groups", n_groups), ("prompts_per_group", prompts_per_group),
+                        ("system_prompt_tokens", system_prompt_tokens), ("question_tokens", question_tokens),
+                        ("output_tokens", output_tokens)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value <= 2**31:
+            raise ValueError(f"{name} must be an integer from 1 to 2**31, got {value!r}")
+    _check_count(n_requests)
+    rng = _rng(seed)
+    prompt = system_prompt_tokens + question_tokens
+    distinct = n_groups * prompts_per_group
+    stride = -(-(prompt + output_tokens) // prefix_block_tokens) + 1
+    ids = [_chain_ids(prompt, prefix_block_tokens, system_prompt_tokens, (i // prompts_per_group) * stride,
+                      (n_groups + i) * stride) for i in range(distinct)]
+    order = rng.permutation(distinct)
+    chosen = order[np.arange(n_requests) % distinct]
+    arrival = arrivals_gamma(n_requests, rate_req_s, arrival_cv, rng)
+    return Requests(arrival, np.full(n_requests, prompt), np.full(n_requests, output_tokens),
+                    [ids[i] for i in chosen], prefix_block_tokens)
+
+
+def multi_turn(n_conversations: int, turns: int, system_prompt_tokens: int, user_tokens: int, output_tokens: int,
+               rate_req_s: float = math.inf, turn_gap_s: float = 10.0, shared_system_prompt: bool = True,
+               seed=0, prefix_block_tokens: int = 16) -> Requests:
+    """Chats of ``turns`` turns: each turn's prompt is the previous turn's prompt and answer plus a new message.
+
+    Conversation c's turn k asks ``system + (user + answer) * (k - 1) + user`` tokens and gets ``output_tokens``;
+    conversations start at ``rate_req_s`` (Poisson) and a conversation's turns follow each other every
+    ``turn_gap_s`` seconds (open loop: the gap stands for the user's reading and typing, whatever the server
+    does). ``prefix_blocks`` name the conversation's token stream block by block, answers included, so a turn
+    finds the previous turn's prompt and answer cached; with ``shared_system_prompt`` every conversation shares
+    the system prompt's blocks.
+    """
+    for name, value in (("n_conversations", n_conversations), ("turns", turns),
+                        ("system_prompt_tokens", system_prompt_tokens), ("user_tokens", user_tokens),
+                        ("output_tokens", output_tokens)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value <= 2**31:
+            raise ValueError(f"{name} must be an integer from 1 to 2**31, got {value!r}")
+    if not (isinstance(turn_gap_s, (int, float, np.floating)) and 0 <= turn_gap_s < math.inf):
+        raise ValueError(f"turn_gap_s must be finite seconds >= 0, got {turn_gap_s!r}")
+    starts = arrivals_gamma(n_conversations, rate_req_s, 1.0, _rng(seed))
+    total = system_prompt_tokens + turns * (user_tokens + output_tokens)
+    stride = -(-total // prefix_block_tokens) + 1
+    rows = []
+    for c in range(n_conversations):
+        shared = system_prompt_tokens if shared_system_prompt else 0
+        stream = _chain_ids(total, prefix_block_tokens, shared, 0, (c + 1) * stride)
+        for k in range(turns):
+            prompt = system_prompt_tokens + k * (user_tokens + output_tokens) + user_tokens
+            n_ids = -(-(prompt + output_tokens) // prefix_block_tokens)
+            rows.append((starts[c] + k * turn_gap_s, c, k, prompt, stream[:n_ids]))
+    rows.sort(key=lambda row: (row[0], row[1], row[2]))
+    return Requests(np.array([row[0] for row in rows]), [row[3] for row in rows],
+                    np.full(len(rows), output_tokens), [row[4] for row in rows], prefix_block_tokens)
+
+
 def _check_count(n_requests) -> None:
     if not isinstance(n_requests, (int, np.integer)) or isinstance(n_requests, bool) or n_requests < 1:
         raise ValueError(f"n_requests must be an integer >= 1, got {n_requests!r}")

@@ -366,7 +366,7 @@ def _vllm_033(live, cost, max_num_seqs, budget, threshold, rules, usable, block_
 
     def drop(r):
         if rules.caching:
-            pool.release([s for s in r.block_ids])
+            pool.release(list(r.block_ids))
         r.block_ids = []
         r.n_cached_blocks = 0
 

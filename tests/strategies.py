@@ -26,7 +26,8 @@ def shared_prefix_streams(draw, max_n=24, max_prompt=400, max_output=60):
         n_ids = draw(st.integers(0, most))
         shared = draw(st.integers(0, n_ids))
         family = draw(st.integers(0, 2))
-        blocks.append([family * 10_000 + j for j in range(shared)] + [100_000 + i * 1000 + j for j in range(shared, n_ids)])
+        own = [100_000 + i * 1000 + j for j in range(shared, n_ids)]
+        blocks.append([family * 10_000 + j for j in range(shared)] + own)
     return bl.Requests(base.arrival_s, base.prompt_tokens, base.output_tokens, blocks, tokens)
 
 
