@@ -10,7 +10,8 @@ import batchlab as bl
 from batchlab import metrics
 
 KEYS = {"completed", "rejected", "duration", "total_input_tokens", "total_output_tokens", "request_throughput",
-        "output_throughput", "total_token_throughput", "preemptions", "padding_fraction", "gpu_busy_fraction"}
+        "output_throughput", "total_token_throughput", "preemptions", "padding_fraction", "gpu_busy_fraction",
+        "prefix_cache_hit_rate"}
 for m in ("ttft", "tpot", "itl", "e2el"):
     KEYS |= {f"{s}_{m}_ms" for s in ("mean", "median", "p90", "p99")}
 

@@ -15,7 +15,7 @@ from numba import njit
 
 from . import kvcache as kv
 from .cost import step_cost
-from .layout import (KIND_DECODE, KIND_PREEMPT, KIND_PREFILL, REJECT_RECOMPUTE, REQ_CACHED, REQ_COMPUTED,
+from .layout import (KIND_CACHED, KIND_DECODE, KIND_PREEMPT, KIND_PREFILL, REJECT_RECOMPUTE, REQ_CACHED, REQ_COMPUTED,
                      REQ_EMITTED, REQ_HIGH_WATER, REQ_LAST_HIT, REQ_LOST, REQ_OUTPUT, REQ_PREEMPT, REQ_PROMPT,
                      REQ_RECOMPUTED, REQ_REJECT, REQ_TOK_OFF, RULE_ASYNC, RULE_CHUNKING, RULE_PREFIX_CACHE,
                      RULE_RESERVE_FULL, RULE_STOP_UNFIT, RULE_THRESHOLD_ALONE, RUN_BLOCKS, RUN_CACHED, RUN_COLUMNS,
@@ -476,10 +476,15 @@ def run_iterations(live, req, times, tok_times, coef, chunked, rules, max_num_se
             return STATUS_STUCK, steps[:st[ST_STEPS]], sched[:st[ST_SCHED]]
         if record:
             for k in range(lo, hi):
-                if run[k, RUN_TOK] > 0:
-                    sched = record_sched(sched, st[ST_SCHED], st[ST_STEPS], run[k, RUN_REQ], run[k, RUN_TOK],
-                                         KIND_DECODE if _is_decode(run, k) else KIND_PREFILL)
+                if run[k, RUN_TOK] == 0:
+                    continue
+                if run[k, RUN_HIT] > 0 and run[k, RUN_COMP] == run[k, RUN_HIT]:  # admitted now, with prefix hits
+                    sched = record_sched(sched, st[ST_SCHED], st[ST_STEPS], run[k, RUN_REQ], run[k, RUN_HIT],
+                                         KIND_CACHED)
                     st[ST_SCHED] += 1
+                sched = record_sched(sched, st[ST_SCHED], st[ST_STEPS], run[k, RUN_REQ], run[k, RUN_TOK],
+                                     KIND_DECODE if _is_decode(run, k) else KIND_PREFILL)
+                st[ST_SCHED] += 1
         prefill_tokens, decode_seqs, attn_work, cached, n_done = _run_scheduled(
             run, lo, hi, st[ST_STEPS], times, tok_times)
         dur, _g, _a, _c, _e, flops, nbytes, bound = step_cost(coef, decode_seqs + prefill_tokens, attn_work,

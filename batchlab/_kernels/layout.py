@@ -35,8 +35,8 @@ STEP_COLUMNS = (  # one row per iteration, float64
 
 SCHED_COLUMNS = ("step", "request", "tokens", "kind")  # one row per request per iteration, int64
 SCHED_STEP, SCHED_REQUEST, SCHED_TOKENS, SCHED_KIND = range(len(SCHED_COLUMNS))
-KIND_PREFILL, KIND_DECODE, KIND_PREEMPT = 0, 1, 2
-KIND_NAMES = ("prefill", "decode", "preempt")
+KIND_PREFILL, KIND_DECODE, KIND_PREEMPT, KIND_CACHED = 0, 1, 2, 3
+KIND_NAMES = ("prefill", "decode", "preempt", "cached")  # cached: tokens an admission found in the prefix cache
 
 # Rejection codes (0 = served); the Python side turns them into sentences.
 REJECT_KV, REJECT_BUDGET, REJECT_RECOMPUTE, REJECT_MODEL_LEN = 1, 2, 3, 4

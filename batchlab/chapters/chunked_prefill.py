@@ -25,7 +25,9 @@ def chunk_budget_sweep(cost, max_num_batched_tokens, *, unchunked_max_num_batche
 
     Chunking off is vLLM V1's own switch: ``policy="chunked"`` with ``enable_chunked_prefill=False`` and a
     budget of ``unchunked_max_num_batched_tokens``, large enough for the whole prompt and the decodes in one
-    iteration.
+    iteration (and, as vLLM requires with chunking off, for ``max_model_len``: 8,192 tokens for Llama-3 by
+    default). The scene's own settings apply (:func:`batchlab.chapters.scenes.run`: the synchronous scheduler,
+    ``max_num_seqs`` capped at the budget) unless ``**scene`` overrides them.
 
     Parameters
     ----------
@@ -33,7 +35,7 @@ def chunk_budget_sweep(cost, max_num_batched_tokens, *, unchunked_max_num_batche
     max_num_batched_tokens : sequence of int
         Token budgets with chunking on (each above the number of decoders).
     unchunked_max_num_batched_tokens : int
-        Budget of the unchunked run; must hold the prompt and the decodes.
+        Budget of the unchunked run; must hold the prompt and the decodes, and be at least ``max_model_len``.
     window_s : float
         Seconds of timeline kept before the arrival and after the newcomer's first token.
     **scene

@@ -3,6 +3,8 @@
 :func:`step_utilisation` reads each iteration's share of peak compute and bandwidth, :func:`budget_split`
 how ``max_num_batched_tokens`` is shared between prompt chunks and decodes over a run, and
 :func:`mixing_comparison` the throughput and ITL of three ways to combine prompts with decodes.
+:func:`seats_for` and :func:`within_context` set runs up as vLLM requires: seats no more than the token budget,
+prompts shorter than the model's context.
 """
 from __future__ import annotations
 
@@ -11,8 +13,8 @@ import numpy as np
 import pandas as pd
 
 from .. import viz
-from ..sim import simulate
-from ..workload import preset
+from ..sim import simulate, vllm_defaults
+from ..workload import Requests, preset
 
 STEP_KINDS = ("decode", "mixed", "prefill")
 MIXING_POLICIES = {  # label -> (policy, knobs): three ways to combine prompts with the decodes of a batch
@@ -21,6 +23,57 @@ MIXING_POLICIES = {  # label -> (policy, knobs): three ways to combine prompts w
     "prefill-only steps (vLLM V0)": ("continuous", {"prefill_only_steps": True}),
 }
 KIND_COLORS = {"decode": viz.PALETTE[0], "mixed": viz.PALETTE[2], "prefill": viz.PALETTE[3]}
+
+
+def seats_for(cost, max_num_batched_tokens: int) -> int:
+    """``max_num_seqs`` a vLLM user must set with a token budget: vLLM's default for the GPU, capped at the budget.
+
+    vLLM refuses to start when ``max_num_batched_tokens < max_num_seqs`` (its ``SchedulerConfig`` wants at least
+    one token per running sequence), so a budget below the default 1,024 seats of an H100 needs the seats lowered
+    with it. Used in chapters 07 and 09.
+
+    Parameters
+    ----------
+    cost : CostModel
+        Its GPU sets the default (:func:`batchlab.vllm_defaults`).
+    max_num_batched_tokens : int
+        Token budget per iteration.
+
+    Returns
+    -------
+    int
+        min(default ``max_num_seqs``, ``max_num_batched_tokens``).
+    """
+    return min(vllm_defaults(cost.hardware)["max_num_seqs"], int(max_num_batched_tokens))
+
+
+def within_context(cost, requests):
+    """The requests that fit the model's context, each as vLLM serves it.
+
+    A prompt is kept if it is shorter than ``max_model_len`` (vLLM's default: the model's context), and its output
+    is clipped to the room the prompt leaves, as vLLM clips ``max_tokens``. vLLM rejects a longer prompt;
+    ``continuous`` (Orca, vLLM V0) knows no context limit and would serve it, so a comparison of the policies
+    gives all of them this stream and they do the same work. Used in chapters 07 and 09.
+
+    Parameters
+    ----------
+    cost : CostModel
+        Its model's ``max_position_embeddings`` (tokens) is the context.
+    requests : Requests
+        A stream without ``prefix_blocks``.
+
+    Returns
+    -------
+    Requests
+        The kept requests, in arrival order, with their arrival times.
+    """
+    if requests.prefix_blocks is not None:
+        raise ValueError("within_context takes a stream without prefix_blocks")
+    context = cost.model.max_position_embeddings
+    keep = requests.prompt_tokens < context
+    prompt = requests.prompt_tokens[keep]
+    return Requests(arrival_s=requests.arrival_s[keep], prompt_tokens=prompt,
+                    output_tokens=np.minimum(requests.output_tokens[keep], context - prompt))
 
 
 def step_kinds(steps: pd.DataFrame) -> np.ndarray:
@@ -96,7 +149,9 @@ def budget_split(cost, requests, max_num_batched_tokens, *, bin_s: float = 1.0, 
     """How each iteration's token budget goes to prompt chunks and to decodes, over a run.
 
     Runs ``policy="chunked"`` once per value of ``max_num_batched_tokens`` and averages, in bins of ``bin_s``
-    seconds, the prompt tokens and the decode tokens (one per decoding sequence) per step. Used in chapter 07.
+    seconds, the prompt tokens and the decode tokens (one per decoding sequence) per step. Unless ``knobs`` set
+    ``max_num_seqs``, each run has vLLM's default seats capped at its budget (:func:`seats_for`), as vLLM requires.
+    Used in chapter 07.
 
     Parameters
     ----------
@@ -117,7 +172,8 @@ def budget_split(cost, requests, max_num_batched_tokens, *, bin_s: float = 1.0, 
     """
     parts = []
     for budget in max_num_batched_tokens:
-        s = simulate(requests, "chunked", cost, max_num_batched_tokens=int(budget), **knobs).steps
+        seats = {} if "max_num_seqs" in knobs else {"max_num_seqs": seats_for(cost, budget)}
+        s = simulate(requests, "chunked", cost, max_num_batched_tokens=int(budget), **seats, **knobs).steps
         b = (s["start_s"] // bin_s) * bin_s
         per_bin = s.groupby(b).agg(prefill=("prefill_tokens", "mean"), decode=("decode_seqs", "mean"),
                                    steps=("duration_s", "size")).rename_axis("time_s").reset_index()
@@ -133,8 +189,10 @@ def mixing_comparison(cost, workload: str, n_requests: int, rates_req_s, *, max_
     """Throughput and latency with and without mixed steps, over offered load.
 
     Every rate replays the same ``n_requests`` request lengths of :func:`batchlab.preset` (one ``seed``:
-    lengths are drawn before arrivals), so runs differ only by their arrival rate and policy. Used in
-    chapters 07 and 09.
+    lengths are drawn before arrivals), so runs differ only by their arrival rate and policy. Every policy gets
+    the requests that fit the model's context (:func:`within_context`): vLLM rejects the others and the
+    ``continuous`` policies, which know no context limit, would otherwise do more work. Used in chapters 07
+    and 09.
 
     Parameters
     ----------
@@ -146,7 +204,8 @@ def mixing_comparison(cost, workload: str, n_requests: int, rates_req_s, *, max_
     rates_req_s : sequence of float
         Offered arrival rates (requests/s; ``inf`` = all at time 0).
     max_num_batched_tokens : int
-        Token budget per iteration of the chunked policy.
+        Token budget per iteration of the chunked policy, whose ``max_num_seqs`` is vLLM's default capped at the
+        budget (:func:`seats_for`) unless a policy's knobs set it.
     seed : int
     policies : dict, optional
         Label -> (policy, knobs); default :data:`MIXING_POLICIES`.
@@ -158,10 +217,12 @@ def mixing_comparison(cost, workload: str, n_requests: int, rates_req_s, *, max_
     """
     rows = []
     for rate in rates_req_s:
-        stream = preset(workload, n_requests, rate_req_s=float(rate), seed=seed)
+        stream = within_context(cost, preset(workload, n_requests, rate_req_s=float(rate), seed=seed))
         for label, (policy, knobs) in (policies or MIXING_POLICIES).items():
-            extra = {"max_num_batched_tokens": max_num_batched_tokens} if policy == "chunked" else {}
-            res = simulate(stream, policy, cost, **knobs, **extra)
+            if policy == "chunked":  # the policy's own knobs win
+                knobs = {"max_num_batched_tokens": max_num_batched_tokens,
+                         "max_num_seqs": seats_for(cost, max_num_batched_tokens), **knobs}
+            res = simulate(stream, policy, cost, **knobs)
             rows.append({"rate_req_s": float(rate), "policy": label, **res.summary()})
     return pd.DataFrame(rows)
 

@@ -63,8 +63,9 @@ def prefill_spike(cost, *, n_decoders: int | None = None, context: int = scenes.
         ``summary``: the scene's measures (:func:`batchlab.chapters.scenes.measures`: ``itl_max_s``, the spike;
         ``ttft_s``, the long prompt's; ``cadence_s``; ``admit_step`` and ``admit_step_s``, ...), and
         ``prefill_s`` (``cost.prefill_time``), ``ideal_prefill_s`` (``cost.ideal().prefill_time``),
-        ``behind_ttft_s`` and ``behind_ttft_baseline_s`` (means over the short requests), ``n_decoders``,
-        ``context`` and ``kv_pool_tokens``.
+        ``behind_ttft_s`` and ``behind_ttft_baseline_s`` (means over the short requests),
+        ``behind_kv_waits`` (short requests first scheduled after the iteration that computed the long prompt:
+        they waited for KV blocks, not for the prefill), ``n_decoders``, ``context`` and ``kv_pool_tokens``.
     """
     behind = np.sort(_rng(seed).uniform(0.0, cost.prefill_time(prompt_tokens), n_behind))
     kw = dict(n_decoders=n_decoders, context=context, prompt_tokens=prompt_tokens, behind_after_s=behind,
@@ -72,12 +73,15 @@ def prefill_spike(cost, *, n_decoders: int | None = None, context: int = scenes.
     scene = scenes.run(cost, "continuous", **kw)
     base = scenes.run(cost, "continuous", newcomer=False, **kw)
     n = scene.n_decoders
+    admit = scene.res.steps.iloc[scene.measures["admit_step"]]
+    scheduled = scene.res.requests["scheduled_s"].to_numpy()[n + 1:]
     ttft = pd.DataFrame({"arrival_s": behind, "ttft_s": scene.res.requests["ttft_s"].to_numpy()[n + 1:],
                          "ttft_baseline_s": base.res.requests["ttft_s"].to_numpy()[n:]})
     summary = {**scene.measures, "prefill_s": cost.prefill_time(prompt_tokens),
                "ideal_prefill_s": cost.ideal().prefill_time(prompt_tokens),
                "behind_ttft_s": float(ttft["ttft_s"].mean()),
                "behind_ttft_baseline_s": float(ttft["ttft_baseline_s"].mean()),
+               "behind_kv_waits": int((scheduled > admit["start_s"] + admit["duration_s"] + scenes._EPS_S).sum()),
                "n_decoders": n, "context": context,
                "kv_pool_tokens": (scene.res.knobs["num_kv_blocks"] - 1) * scene.res.knobs["block_size"]}
     return Spike(scenes.decoder_gaps(scene, before_s=lead_s), ttft, summary, scene.res, base.res)

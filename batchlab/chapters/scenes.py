@@ -12,6 +12,13 @@ arrives at the end of the iteration in which each decoder emitted its ``context`
 iteration, the first that can admit it, decodes every sequence at exactly ``context`` cached tokens: whatever
 the policy or the budget, the newcomer meets the same batch at the same moment. By default the batch is the
 one whose decode step at that context takes the article's 20 ms (:func:`default_decoders`).
+
+Two settings of ``policy="chunked"`` are the scene's own (:data:`CHUNKED_SCENE_KNOBS`, both overridable).
+It runs vLLM's synchronous scheduler (``async_scheduling=False``): with vLLM 0.33's default async scheduling
+the iteration after the arrival was planned before the newcomer came, so it would wait one more decode step
+(about 20 ms) under every budget, and Orca's ``continuous`` policy, which has no such delay, would no longer
+meet it at the same moment. And ``max_num_seqs`` is vLLM's default capped at the token budget, as a vLLM user
+must cap it (vLLM refuses ``max_num_batched_tokens < max_num_seqs``).
 """
 from __future__ import annotations
 
@@ -29,6 +36,8 @@ PROMPT_TOKENS = 8000  # the newcomer's prompt
 CADENCE_S = 0.020  # the article's decode cadence (s): the default batch is the one whose decode step takes this
 NEWCOMER_OUTPUT_TOKENS = 16  # output tokens of the newcomer (and of any short request behind it)
 TAIL_STEPS = 64  # decode steps every decoder still has after the newcomer's prefill, at least
+
+CHUNKED_SCENE_KNOBS = {"async_scheduling": False}  # policy "chunked": the synchronous scheduler (module docstring)
 
 _EPS_S = 1e-9  # token times are sums of step durations: one step's end is bit-equal wherever it is read
 
@@ -131,7 +140,9 @@ def run(cost, policy: str = "chunked", *, n_decoders: int | None = None, context
         Decode steps the decoders have left after the newcomer's prefill, at least.
     **knobs
         Passed to :func:`batchlab.simulate` (``max_num_batched_tokens``, ``enable_chunked_prefill``,
-        ``prefill_only_steps``, ``max_num_seqs``, ...).
+        ``prefill_only_steps``, ``max_num_seqs``, ...). Under ``chunked`` the scene's own settings fill in what
+        is not given: :data:`CHUNKED_SCENE_KNOBS` (the synchronous scheduler), and ``max_num_seqs`` of vLLM's
+        default for the GPU capped at the token budget.
 
     Returns
     -------
@@ -142,6 +153,11 @@ def run(cost, policy: str = "chunked", *, n_decoders: int | None = None, context
     if n < 1 or context < 2 or tail_steps < 0:
         raise ValueError("n_decoders must be >= 1, context >= 2 (a decode step before the arrival) and "
                          "tail_steps >= 0")
+    if policy == "chunked":
+        knobs = {**CHUNKED_SCENE_KNOBS, **knobs}
+        defaults = vllm_defaults(cost.hardware)
+        budget = knobs.get("max_num_batched_tokens") or defaults["max_num_batched_tokens"]
+        knobs.setdefault("max_num_seqs", min(defaults["max_num_seqs"], budget))  # vLLM refuses more seats
     output = context + _prefill_steps(cost, policy, n, prompt_tokens, knobs) + tail_steps
     kw = dict(n_decoders=n, decoder_output_tokens=output, prompt_tokens=prompt_tokens,
               newcomer_output_tokens=newcomer_output_tokens, behind_tokens=behind_tokens)
@@ -168,9 +184,10 @@ def measures(res, arrival_s: float, n_decoders: int) -> dict:
         (it ends after the arrival and starts before the newcomer's first token; later gaps grow only with
         the decoders' context). ``ttft_s``: the newcomer's time to first token. ``cadence_s``: the decoders'
         gap that ended at the arrival, one decode step. ``admit_step`` and ``admit_step_s``: index and
-        duration of the first iteration after the arrival. ``chunks``: iterations from the arrival to the
-        newcomer's first token, each of which computed part of its prompt (or all of it).
-        ``largest_chunk_tokens``: prompt tokens of the largest of them.
+        duration of the first iteration after the arrival that computed prompt tokens (the one right after the
+        arrival, unless async scheduling had already planned it). ``chunks``: iterations from the arrival to
+        the newcomer's first token that computed part of its prompt (or all of it). ``largest_chunk_tokens``:
+        prompt tokens of the largest of them.
     """
     req, steps = res.requests, res.steps
     if not (req["finish_s"].iloc[:n_decoders] > req["first_token_s"].iloc[n_decoders]).all():
@@ -181,7 +198,7 @@ def measures(res, arrival_s: float, n_decoders: int) -> dict:
     gaps = np.diff(times)
     spans = (times[1:] > arrival_s + _EPS_S) & (times[:-1] < first - _EPS_S)
     start = steps["start_s"].to_numpy()
-    during = steps[(start >= arrival_s - _EPS_S) & (start < first - _EPS_S)]
+    during = steps[(start >= arrival_s - _EPS_S) & (start < first - _EPS_S) & (steps["prefill_tokens"] > 0)]
     return {"itl_max_s": float(gaps[spans].max()), "ttft_s": ttft,
             "cadence_s": float(gaps[np.flatnonzero(times[1:] <= arrival_s + _EPS_S)[-1]]),
             "admit_step": int(during.index[0]), "admit_step_s": float(during["duration_s"].iloc[0]),

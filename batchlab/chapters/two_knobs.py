@@ -1,10 +1,11 @@
 """Chapter 08, the two knobs: ``max_num_seqs`` and ``max_num_batched_tokens`` swept together.
 
 :func:`two_knob_sweep` runs every pair under ``chunked`` at several request rates, expressed against the
-server's capacity (:func:`saturation_rate`); the frontier and the readings of the sweep live in
-:mod:`batchlab.sweep` (:func:`~batchlab.sweep.with_frontier`, :func:`~batchlab.sweep.seqs_plateau`,
+server's capacity (:func:`saturation_rate`), except the pairs vLLM refuses to start with, which it keeps as
+rows without numbers; the frontier and the readings of the sweep live in :mod:`batchlab.sweep`
+(:func:`~batchlab.sweep.with_frontier`, :func:`~batchlab.sweep.seqs_plateau`,
 :func:`~batchlab.sweep.default_vs_best`). :func:`two_knobs_chart` draws every operating point with sliders
-over both knobs.
+over both knobs, and the grid of pairs with the refused ones crossed out.
 """
 from __future__ import annotations
 
@@ -57,8 +58,9 @@ def two_knob_sweep(cost, workload: str, rates_req_s, max_num_seqs, max_num_batch
     """Every (``max_num_seqs``, ``max_num_batched_tokens``) pair under ``chunked`` at every request rate.
 
     Each rate replays ``preset(workload, n_requests, rate_req_s, seed)``; with one seed the prompt and output
-    lengths are the same at every rate and the arrival gaps only scale (common random numbers). Used in
-    chapters 08 and 09.
+    lengths are the same at every rate and the arrival gaps only scale (common random numbers). A pair with
+    ``max_num_batched_tokens < max_num_seqs`` is not simulated: vLLM's ``SchedulerConfig`` refuses to start with
+    it (and :func:`batchlab.simulate` raises), so its row has no numbers. Used in chapters 08 and 09.
 
     Parameters
     ----------
@@ -77,17 +79,24 @@ def two_knob_sweep(cost, workload: str, rates_req_s, max_num_seqs, max_num_batch
     Returns
     -------
     DataFrame
-        One row per rate and pair, rates outermost: ``rate_req_s`` (req/s), the knobs, the ``summary()``
-        columns, and ``vllm_refuses`` (True where ``max_num_batched_tokens < max_num_seqs``, which vLLM's
-        ``SchedulerConfig`` rejects at start-up; the simulator runs them anyway).
+        One row per rate and pair, rates outermost, pairs in grid order: ``policy``, the knobs, the
+        ``summary()`` columns (NaN where vLLM refuses the pair), ``rate_req_s`` (req/s) and ``vllm_refuses``
+        (True where ``max_num_batched_tokens < max_num_seqs``).
     """
-    grid = {"max_num_seqs": [int(s) for s in max_num_seqs],
-            "max_num_batched_tokens": [int(t) for t in max_num_batched_tokens]}
-    parts = [sweep(preset(workload, n_requests, rate_req_s=float(rate), seed=seed), grid, cost, policy="chunked",
-                   executor=executor, progress=False).assign(rate_req_s=float(rate)) for rate in rates_req_s]
-    df = pd.concat(parts, ignore_index=True)
-    df["vllm_refuses"] = df["max_num_batched_tokens"] < df["max_num_seqs"]
-    return df
+    pairs = pd.DataFrame([{"max_num_seqs": int(s), "max_num_batched_tokens": int(t)}
+                          for s in max_num_seqs for t in max_num_batched_tokens])
+    refused = pairs["max_num_batched_tokens"] < pairs["max_num_seqs"]
+    if refused.all():
+        raise ValueError("vLLM refuses every pair of the grid (max_num_batched_tokens < max_num_seqs)")
+    accepted = pairs[~refused].to_dict("records")
+    knobs = list(pairs.columns)
+    parts = []
+    for rate in rates_req_s:
+        runs = sweep(preset(workload, n_requests, rate_req_s=float(rate), seed=seed), accepted, cost,
+                     policy="chunked", executor=executor, progress=False)
+        parts.append(pairs.merge(runs, on=knobs, how="left")[runs.columns].assign(
+            policy="chunked", rate_req_s=float(rate), vllm_refuses=refused.to_numpy()))
+    return pd.concat(parts, ignore_index=True)
 
 
 def vllm_defaults_table(gpus=("h100-sxm", "h200", "a100-80gb")) -> pd.DataFrame:
@@ -156,7 +165,9 @@ def two_knobs_chart(df: pd.DataFrame, defaults: dict, offline_tokens: int | None
     -------
     altair chart: two sliders (log2 of each knob; a select box if a knob's grid is not evenly spaced in log2)
     and radio buttons for the rate pick the green point; the points of the selected rate are drawn stronger
-    than the rest, and the text above reads the chosen configuration.
+    than the rest, and the text above reads the chosen configuration. Pairs vLLM refuses have no operating
+    point: the grid at the bottom draws them as crosses beside the accepted pairs (black on the frontier at the
+    selected rate), and the text says so when the sliders pick one.
     """
     data, marks = _knob_points(df, defaults, offline_tokens, x, y, y2)
     rates = np.sort(data["rate_req_s"].unique())
@@ -181,7 +192,7 @@ def two_knobs_chart(df: pd.DataFrame, defaults: dict, offline_tokens: int | None
 
     def panel(col, height, frontier):
         yenc = alt.Y(f"{col}:Q", title=viz.title(col), scale=alt.Scale(type="log"))
-        base = alt.Chart(data).encode(x=xenc, y=yenc)
+        base = alt.Chart(data).transform_filter("!datum.vllm_refuses").encode(x=xenc, y=yenc)  # refused: no run
         layers = [base.mark_point(filled=True, size=40).encode(
             color=alt.Color("rate_req_s:N", title="request rate (req/s)", scale=alt.Scale(range=RATE_COLORS),
                             legend=alt.Legend(orient="bottom")), shape=shape,
@@ -197,10 +208,29 @@ def two_knobs_chart(df: pd.DataFrame, defaults: dict, offline_tokens: int | None
 
     readout = alt.Chart(data).transform_filter(chosen).transform_calculate(label=(  # two lines: knobs, results
         "'max_num_seqs ' + datum.max_num_seqs + ', max_num_batched_tokens ' + datum.max_num_batched_tokens"
-        " + ' at ' + datum.rate_req_s + ' req/s' + (datum.vllm_refuses ? ' (vLLM refuses this pair)' : '') + '\\n'"
-        f" + format(datum['{x}'], ',.0f') + ' tok/s, {viz.title(y).split(' (')[0]} ' + format(datum['{y}'], ',.0f')"
-        f" + ' ms, {viz.title(y2).split(' (')[0]} ' + format(datum['{y2}'], ',.0f') + ' ms'")
+        " + ' at ' + datum.rate_req_s + ' req/s\\n' + (datum.vllm_refuses"
+        " ? 'vLLM refuses to start with it: fewer tokens per iteration than sequences' : ("
+        f"format(datum['{x}'], ',.0f') + ' tok/s, {viz.title(y).split(' (')[0]} ' + format(datum['{y}'], ',.0f')"
+        f" + ' ms, {viz.title(y2).split(' (')[0]} ' + format(datum['{y2}'], ',.0f') + ' ms'))")
     ).mark_text(align="left", baseline="top", fontSize=12, fontWeight="bold", color="#333333", lineBreak="\n",
                 lineHeight=16).encode(x=alt.value(0), y=alt.value(0), text="label:N").properties(
         width=TWO_KNOB_WIDTH, height=30)
-    return alt.vconcat(readout, panel(y, 300, True), panel(y2, 170, False), spacing=6).add_params(seqs_p, tok_p, rate_p)
+    grid = _grid_panel(data, marks, shape, at_rate, f"{at_seqs} && {at_tok}")
+    return alt.vconcat(readout, panel(y, 300, True), panel(y2, 170, False), grid, spacing=6).add_params(
+        seqs_p, tok_p, rate_p)
+
+
+def _grid_panel(data, marks, shape, at_rate: str, at_pair: str):
+    """The knob grid itself: one mark per pair at the selected rate, refused pairs crossed, the frontier black."""
+    xenc = alt.X("max_num_batched_tokens:O", title="max_num_batched_tokens (tokens)", axis=alt.Axis(labelAngle=0))
+    yenc = alt.Y("max_num_seqs:O", title="max_num_seqs (sequences)", sort="descending")
+    tooltip = ["max_num_seqs:Q", "max_num_batched_tokens:Q", "kind:N", alt.Tooltip("frontier:N", title="frontier")]
+    base = alt.Chart(data).transform_filter(at_rate).encode(x=xenc, y=yenc)
+    dots = base.mark_point(filled=True, size=60).encode(
+        shape=shape, tooltip=tooltip,
+        color=alt.when("datum.frontier").then(alt.value("black")).otherwise(alt.value("#aaaaaa")))
+    defaults = alt.Chart(marks).transform_filter(at_rate).mark_point(
+        size=170, filled=False, color="black", strokeWidth=1.5).encode(x=xenc, y=yenc, shape=shape)
+    chosen = base.transform_filter(at_pair).mark_point(filled=True, size=200, color=HIGHLIGHT, stroke="black",
+                                                       strokeWidth=1.5, opacity=1).encode(shape=shape)
+    return alt.layer(dots, defaults, chosen).properties(width=TWO_KNOB_WIDTH, height=150)
