@@ -45,9 +45,23 @@ def test_requests_behind_wait_for_the_prefill(orca):
     b = orca.behind
     assert len(b) == 4 and (np.diff(b["arrival_s"]) >= 0).all()
     assert b["arrival_s"].min() >= 0 and b["arrival_s"].max() <= orca.summary["prefill_s"]
-    assert (b["ttft_s"] > b["ttft_baseline_s"]).all()
+    assert (b["ttft_s"] > b["ttft_baseline_s"]).all() and orca.summary["behind_kv_waits"] == 0
+    assert (np.diff(b["ttft_s"]) < 0).all()  # they wait for the prefill's end: the later, the shorter
     assert orca.summary["behind_ttft_s"] == pytest.approx(b["ttft_s"].mean())
     assert not orca.baseline.requests["prompt_tokens"].eq(4000).any()
+
+
+@pytest.mark.parametrize("n_decoders", [1, 2])
+def test_short_requests_wait_for_kv_only_when_the_pool_is_short(cost70b_fp8, n_decoders):
+    # Orca reserves prompt + output at admission: the short requests that fit in the blocks the decoders and the
+    # long prompt leave start as its prefill ends; the others wait for memory (70B FP8: one decoder leaves room
+    # for all six, two for five).
+    spike = chapter.prefill_spike(cost70b_fp8, n_decoders=n_decoders, n_behind=6, seed=0)
+    req = spike.run.requests
+    blocks = -(-(req["prompt_tokens"] + req["output_tokens"]).to_numpy() // spike.run.knobs["block_size"])
+    free = spike.run.knobs["num_kv_blocks"] - 1 - blocks[:n_decoders + 1].sum()
+    assert spike.summary["behind_kv_waits"] == max(0, 6 - free // blocks[-1]) == n_decoders - 1
+    assert spike.run.requests["queue_s"].iloc[n_decoders] == 0  # the long prompt itself never waits
 
 
 def test_v0_order_makes_the_gap_longer_and_no_decode_runs_with_the_prompt(cost8b, orca):

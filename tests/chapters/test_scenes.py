@@ -36,7 +36,7 @@ def test_default_batch_is_the_article_cadence(cost8b):
 @pytest.mark.parametrize("policy, knobs", [
     ("continuous", {}), ("continuous", {"prefill_only_steps": True}),
     ("chunked", {"max_num_batched_tokens": 256}), ("chunked", {"max_num_batched_tokens": 4096}),
-    ("chunked", {"max_num_batched_tokens": 4096, "enable_chunked_prefill": False}),
+    ("chunked", {"max_num_batched_tokens": 8192, "enable_chunked_prefill": False}),  # vLLM: >= max_model_len
 ])
 def test_every_policy_meets_the_same_batch(cost8b, policy, knobs):
     run = scenes.run(cost8b, policy, **SMALL, **knobs)
@@ -50,6 +50,30 @@ def test_every_policy_meets_the_same_batch(cost8b, policy, knobs):
     # The decoders' step before the arrival is a decode of the whole batch at ctx - 1 cached tokens.
     assert run.measures["cadence_s"] == pytest.approx(cost8b.decode_step_time(n, ctx - 1), rel=1e-9)
     assert run.measures["admit_step"] == ctx and run.res.steps["start_s"].iloc[ctx] == run.arrival_s
+
+
+def test_chunked_scene_knobs_are_vllms_with_a_synchronous_scheduler(cost8b):
+    # vLLM refuses max_num_seqs > max_num_batched_tokens: the scene caps the GPU's 1,024 seats at the budget.
+    assert scenes.run(cost8b, "chunked", max_num_batched_tokens=256, **SMALL).res.knobs["max_num_seqs"] == 256
+    default = scenes.run(cost8b, "chunked", **SMALL).res.knobs
+    assert (default["max_num_seqs"], default["max_num_batched_tokens"]) == (1024, 8192)  # H100: vLLM's defaults
+    assert default["async_scheduling"] is False and default["enable_prefix_caching"] is True
+    assert default["max_model_len"] == 8192  # Llama-3's context, vLLM's default
+    # Given knobs win; async scheduling plans the iteration after the arrival before the newcomer comes, so it
+    # starts one decode step later and its first token comes about one step later, the gaps unchanged.
+    sync = scenes.run(cost8b, "chunked", max_num_batched_tokens=512, **SMALL)
+    late = scenes.run(cost8b, "chunked", max_num_batched_tokens=512, max_num_seqs=64, async_scheduling=True, **SMALL)
+    assert late.res.knobs["max_num_seqs"] == 64 and late.res.knobs["async_scheduling"] is True
+    n = SMALL["n_decoders"]
+    assert sync.res.requests["queue_s"].iloc[n] == 0
+    assert late.measures["admit_step"] == sync.measures["admit_step"] + 1  # the first step with prompt tokens
+    waited = late.res.steps.iloc[sync.measures["admit_step"]]  # a decode of the whole batch at ctx cached tokens
+    assert waited["prefill_tokens"] == 0 and waited["decode_seqs"] == n
+    assert late.res.requests["queue_s"].iloc[n] == pytest.approx(waited["duration_s"], rel=1e-9)
+    assert waited["duration_s"] == pytest.approx(cost8b.decode_step_time(n, SMALL["context"]), rel=1e-9)
+    assert late.measures["chunks"] == sync.measures["chunks"]
+    assert late.measures["ttft_s"] - sync.measures["ttft_s"] == pytest.approx(sync.measures["cadence_s"], rel=0.05)
+    assert late.measures["itl_max_s"] == pytest.approx(sync.measures["itl_max_s"], rel=0.01)
 
 
 def test_unchunked_gap_is_the_whole_prompt_beside_the_decodes(cost8b):
