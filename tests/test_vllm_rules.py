@@ -224,3 +224,9 @@ def test_prefix_blocks_follow_sorting_and_slicing():
     assert [list(x) for x in reqs.scale_time(2.0).prefix_blocks] == [[7], [5, 6]]
     with pytest.raises(ValueError, match="prefix_block_tokens must be an integer from 1"):
         bl.Requests([0.0], [4], [1], prefix_blocks=[[1]], prefix_block_tokens=0)
+
+
+def test_the_notation_page_names_the_vllm_version():
+    from pathlib import Path
+    page = (Path(__file__).resolve().parents[1] / "book" / "notation.md").read_text()
+    assert f"vLLM {bl.VLLM_VERSION}" in page and "`batchlab.VLLM_VERSION`" in page
