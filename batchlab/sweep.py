@@ -3,7 +3,7 @@
 Besides the exact Pareto front (:func:`pareto_front`, :func:`is_dominated`), the readings the book takes of a
 two-knob sweep live here: a frontier that counts near-equal throughputs as equal (:func:`tolerant_front`,
 :func:`with_frontier`), where raising ``max_num_seqs`` stops paying (:func:`seqs_plateau`) and vLLM's default
-against the best configuration at its throughput (:func:`default_vs_best`).
+against the best configuration at its throughput, by one latency or by two (:func:`default_vs_best`).
 
 A sweep is a list of independent simulations, so it parallelises trivially: hand ``sweep`` a
 ``ProcessPoolExecutor`` to use every core, or ``dask.distributed.Client(...).get_executor()`` to spread a
@@ -223,11 +223,15 @@ def seqs_plateau(df: pd.DataFrame, y: str = "p99_ttft_ms", tol: float = 0.05) ->
 
 
 def default_vs_best(df: pd.DataFrame, defaults: dict, x: str = "output_throughput", y: str = "p99_ttft_ms",
-                    rel_tol: float = 0.01, also=("p99_itl_ms",)) -> pd.DataFrame:
-    """Per rate, vLLM's default configuration beside the lowest-``y`` configuration at the same throughput.
+                    rel_tol: float = 0.01, also=("p99_itl_ms",), y_rel_tol: float = 0.0,
+                    then: str | None = None) -> pd.DataFrame:
+    """Per rate, vLLM's default configuration beside the best configuration at the same throughput.
 
     "Same throughput" means an ``x`` of at least (1 - rel_tol) times the default's, at any rate of the sweep;
-    configurations vLLM refuses are left out. Ties go to the first in grid order. Used in chapters 08 and 09.
+    configurations vLLM refuses are left out. The best is the one with the lowest ``y``; with ``y_rel_tol`` > 0
+    and a ``then`` column, it is the one with the lowest ``then`` among those whose ``y`` is within
+    ``y_rel_tol`` of the lowest (as good a p99 TTFT, then the lowest p99 ITL: reading two latencies). Ties go
+    to the first in grid order. Used in chapters 08 and 09.
 
     Parameters
     ----------
@@ -240,22 +244,31 @@ def default_vs_best(df: pd.DataFrame, defaults: dict, x: str = "output_throughpu
         As :func:`tolerant_front`.
     also : sequence of str
         Further columns to report for both configurations.
+    y_rel_tol : float
+        Relative difference in ``y`` counted as equal, in [0, 1); used with ``then``.
+    then : str, optional
+        Column minimised among the configurations within ``y_rel_tol`` of the lowest ``y`` (default: ``y``).
 
     Returns
     -------
     DataFrame
         One row per rate: ``rate_req_s``, ``default_<col>`` and ``best_<col>`` for ``x``, ``y`` and each column
-        of ``also``, and the best configuration's ``best_max_num_seqs`` and ``best_max_num_batched_tokens``.
+        of ``also``, ``lowest_<y>`` (the lowest ``y`` at the default's throughput), and the best
+        configuration's ``best_max_num_seqs`` and ``best_max_num_batched_tokens``.
     """
+    if not 0 <= y_rel_tol < 1:
+        raise ValueError(f"y_rel_tol must be in [0, 1), got {y_rel_tol!r}")
     ok = df[~df["vllm_refuses"]]
-    cols = [x, y, *also]
+    cols = list(dict.fromkeys([x, y, *also, *([then] if then else [])]))
     rows = []
     for rate, g in ok.groupby("rate_req_s", sort=True):
         dflt = g[(g["max_num_seqs"] == defaults["max_num_seqs"])
                  & (g["max_num_batched_tokens"] == defaults["max_num_batched_tokens"])].iloc[0]
         peers = ok[ok[x] >= dflt[x] * (1 - rel_tol)]
-        best = peers.loc[peers[y].idxmin()]
+        lowest = float(peers[y].min())
+        close = peers[peers[y] <= lowest * (1 + y_rel_tol)]
+        best = close.loc[close[then or y].idxmin()]
         rows.append({"rate_req_s": rate} | {f"default_{c}": float(dflt[c]) for c in cols}
-                    | {f"best_{c}": float(best[c]) for c in cols}
+                    | {f"best_{c}": float(best[c]) for c in cols} | {f"lowest_{y}": lowest}
                     | {f"best_{k}": int(best[k]) for k in ("max_num_seqs", "max_num_batched_tokens")})
     return pd.DataFrame(rows)

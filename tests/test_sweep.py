@@ -121,5 +121,22 @@ def test_default_vs_best_picks_the_lowest_latency_at_the_same_throughput():
     assert (out["best_max_num_seqs"], out["best_max_num_batched_tokens"]) == (256, 4096)  # 980 is 2 % slower
     assert out[f"default_{Y}"] == 400.0 and out[f"best_{Y}"] == 350.0 and out["best_p99_itl_ms"] == 100.0
     assert out["rate_req_s"] == 5.0
+    assert out[f"lowest_{Y}"] == 350.0
     wide = default_vs_best(df, {"max_num_seqs": 1024, "max_num_batched_tokens": 8192}, rel_tol=0.05).iloc[0]
     assert wide["best_max_num_seqs"] == 128
+
+
+def test_default_vs_best_reads_a_second_latency_within_a_tolerance_of_the_first():
+    rows = [(1024, 8192, 1000.0, 500.0, 180.0), (256, 4096, 1000.0, 517.0, 115.0), (256, 2048, 1000.0, 609.0, 63.0),
+            (64, 8192, 1000.0, 520.0, 170.0)]
+    df = pd.DataFrame(rows, columns=["max_num_seqs", "max_num_batched_tokens", X, Y, "p99_itl_ms"]).assign(
+        rate_req_s=5.0, vllm_refuses=False)
+    defaults = {"max_num_seqs": 1024, "max_num_batched_tokens": 8192}
+    strict = default_vs_best(df, defaults).iloc[0]  # lowest TTFT only: the default itself
+    assert (strict["best_max_num_seqs"], strict["best_max_num_batched_tokens"]) == (1024, 8192)
+    two = default_vs_best(df, defaults, y_rel_tol=0.05, then="p99_itl_ms").iloc[0]  # TTFT <= 525 ms, then ITL
+    assert (two["best_max_num_seqs"], two["best_max_num_batched_tokens"]) == (256, 4096)
+    assert two[f"lowest_{Y}"] == 500.0 and two[f"best_{Y}"] == 517.0 and two["best_p99_itl_ms"] == 115.0
+    assert default_vs_best(df, defaults, y_rel_tol=0.25, then="p99_itl_ms").iloc[0]["best_p99_itl_ms"] == 63.0
+    with pytest.raises(ValueError, match="y_rel_tol"):
+        default_vs_best(df, defaults, y_rel_tol=1.0)

@@ -228,7 +228,8 @@ def _grid_panel(data, marks, shape, at_rate: str, at_pair: str):
     base = alt.Chart(data).transform_filter(at_rate).encode(x=xenc, y=yenc)
     dots = base.mark_point(filled=True, size=60).encode(
         shape=shape, tooltip=tooltip,
-        color=alt.when("datum.frontier").then(alt.value("black")).otherwise(alt.value("#aaaaaa")))
+        color=alt.when("datum.frontier").then(alt.value("black")).when("datum.vllm_refuses").then(
+            alt.value("#555555")).otherwise(alt.value("#bbbbbb")))
     defaults = alt.Chart(marks).transform_filter(at_rate).mark_point(
         size=170, filled=False, color="black", strokeWidth=1.5).encode(x=xenc, y=yenc, shape=shape)
     chosen = base.transform_filter(at_pair).mark_point(filled=True, size=200, color=HIGHLIGHT, stroke="black",

@@ -21,6 +21,25 @@ def small_stream():
     return bl.preset("azure-conv-2023", 200, rate_req_s=float("inf"), seed=2)
 
 
+def test_seats_for_caps_the_default_at_the_budget(cost8b):
+    assert [chapter.seats_for(cost8b, b) for b in (256, 1024, 2048, 8192)] == [256, 1024, 1024, 1024]  # H100: 1024
+    with pytest.raises(ValueError, match="max_num_seqs"):  # what vLLM refuses, and why seats_for exists
+        bl.simulate(bl.fixed(4, 100, 10), "chunked", cost8b, max_num_batched_tokens=512)
+    split = chapter.budget_split(cost8b, bl.fixed(4, 100, 10), [256])  # runs with 256 seats, as vLLM must
+    assert set(split["max_num_batched_tokens"]) == {256}
+
+
+def test_within_context_keeps_what_vllm_serves(cost8b):
+    reqs = bl.Requests(arrival_s=[0.0, 1.0, 2.0, 3.0], prompt_tokens=[100, 8191, 8192, 8000],
+                       output_tokens=[50, 10, 10, 500])
+    kept = chapter.within_context(cost8b, reqs)  # llama-3-8b: 8,192 tokens of context
+    assert kept.arrival_s.tolist() == [0.0, 1.0, 3.0] and kept.prompt_tokens.tolist() == [100, 8191, 8000]
+    assert kept.output_tokens.tolist() == [50, 1, 192]  # clipped to the room the prompt leaves
+    res = bl.simulate(reqs, "chunked", cost8b)
+    assert res.requests["rejected"].tolist() == [False, False, True, False]  # vLLM rejects the same prompt
+    assert res.requests["output_tokens"][~res.requests["rejected"]].tolist() == [50, 1, 192]
+
+
 def test_step_kinds_closed_form():
     steps = pd.DataFrame({"prefill_tokens": [0, 512, 300, 0], "decode_seqs": [64, 0, 20, 1]})
     assert chapter.step_kinds(steps).tolist() == ["decode", "prefill", "mixed", "decode"]
@@ -67,11 +86,13 @@ def test_budget_split_accounts_for_every_token(cost8b, stream):
             <= per_bin.index.get_level_values("max_num_batched_tokens").to_numpy() + 1e-9).all()  # never over
     totals = (split["tokens_per_step"] * split["steps"]).groupby([split["max_num_batched_tokens"], split["kind"]]).sum()
     for b in budgets:
-        res = bl.simulate(stream, "chunked", cost8b, max_num_batched_tokens=b)
-        assert res.summary()["preemptions"] == 0
-        assert totals[(b, "prefill")] == pytest.approx(stream.prompt_tokens.sum())  # every prompt once
+        seats = chapter.seats_for(cost8b, b)  # 512 of them with a 512-token budget
+        res = bl.simulate(stream, "chunked", cost8b, max_num_batched_tokens=b, max_num_seqs=seats)
+        served = res.requests[~res.requests["rejected"]]  # vLLM rejects prompts of 8,192 tokens or more
+        assert res.summary()["preemptions"] == 0 and 0 < res.summary()["rejected"] < 5
+        assert totals[(b, "prefill")] == pytest.approx(served["prompt_tokens"].sum())  # every prompt once
         # the step that completes a prompt emits its first token; every later token is one decode
-        assert totals[(b, "decode")] == pytest.approx((stream.output_tokens - 1).sum())
+        assert totals[(b, "decode")] == pytest.approx((served["output_tokens"] - 1).sum())
 
 
 def test_mixing_comparison_same_load_same_lengths(cost8b):

@@ -1,6 +1,6 @@
-"""Chapter 08 (the two knobs): vLLM's defaults per GPU, the sweep's invariants and capacity, and the chart's spec
-(the two knob sliders, the rate selector, the frontier, the default markers and a highlight filtered by all
-three controls)."""
+"""Chapter 08 (the two knobs): vLLM's defaults per GPU, the sweep's invariants and capacity (pairs vLLM refuses are
+not run), and the chart's spec (the two knob sliders, the rate selector, the frontier, the default markers, a
+highlight filtered by all three controls, and the grid of pairs with the refused ones)."""
 from __future__ import annotations
 
 import json
@@ -38,7 +38,13 @@ def test_two_knob_sweep_layout_and_invariants(small_sweep):
     df = small_sweep
     assert len(df) == 12 and df["rate_req_s"].tolist() == [4.0] * 6 + [40.0] * 6
     assert df["vllm_refuses"].tolist() == [False, False, False, False, True, False] * 2
-    assert df["total_output_tokens"].nunique() == 1 and (df["rejected"] == 0).all()  # same lengths at every rate
+    refused, accepted = df[df["vllm_refuses"]], df[~df["vllm_refuses"]]
+    assert refused[["max_num_seqs", "max_num_batched_tokens"]].drop_duplicates().values.tolist() == [[1024, 512]]
+    summary_cols = df.columns[df.columns.get_loc("completed"):df.columns.get_loc("rate_req_s")]
+    assert refused[summary_cols].isna().all().all() and accepted[summary_cols].notna().all().all()  # never run
+    assert (df["policy"] == "chunked").all()
+    assert accepted["total_output_tokens"].nunique() == 1  # same lengths at every rate
+    assert (accepted["rejected"] == 1).all()  # one prompt of the 150 is longer than Llama-3's 8,192-token context
     at = df.set_index(["rate_req_s", "max_num_seqs", "max_num_batched_tokens"])
     assert at.loc[(40.0, 4, 2048), Y] > at.loc[(40.0, 64, 2048), Y]  # a cap of 4 queues an overload
     assert at.loc[(40.0, 4, 2048), X] < at.loc[(40.0, 64, 2048), X]
@@ -87,10 +93,19 @@ def test_two_knobs_chart_controls(df):
 
 def test_two_knobs_chart_layers(df):
     spec = chapter.two_knobs_chart(df, DEFAULTS, offline_tokens=16384).to_dict()
-    readout, top, bottom = spec["vconcat"]
+    readout, top, bottom, grid = spec["vconcat"]
     assert readout["mark"]["type"] == "text"
+    assert "vllm_refuses" in json.dumps(readout["transform"])  # a refused pair is named, not given numbers
     assert [layer["mark"]["type"] for layer in top["layer"]] == ["point", "line", "point", "point"]
     assert [layer["mark"]["type"] for layer in bottom["layer"]] == ["point", "point", "point"]  # no frontier
+    for panel in (top, bottom):  # refused pairs were never run: they have no operating point
+        assert {"filter": "!datum.vllm_refuses"} in panel["layer"][0]["transform"]
+    assert [layer["mark"]["type"] for layer in grid["layer"]] == ["point", "point", "point"]
+    dots = grid["layer"][0]["encoding"]
+    assert dots["x"]["field"] == "max_num_batched_tokens" and dots["y"]["field"] == "max_num_seqs"
+    assert dots["shape"]["field"] == "kind" and "datum.frontier" in json.dumps(dots["color"])
+    grid_filter = json.dumps(grid["layer"][0]["transform"])
+    assert "rate_req_s" in grid_filter and "vllm_refuses" not in grid_filter  # every pair of the selected rate
     assert top["layer"][0]["encoding"]["y"]["scale"]["type"] == "log"
     assert top["layer"][0]["encoding"]["y"]["title"] == "p99 ttft (ms)"
     assert bottom["layer"][0]["encoding"]["y"]["field"] == "p99_itl_ms"
