@@ -10,6 +10,8 @@ policy, both measured in this one run:
   on the same stream with 256 sequences; kernel ns per sequence-step / bare ns per sequence-step (lower is
   better; the rules of each policy are what the ratio above 1 pays for).
 
+Rows: the four policies, ``chunked`` with vLLM 0.33's rules and defaults (async scheduling, prefix caching,
+full-prompt reservation, max_model_len) and ``chunked-v1`` with those switched off (batchlab's first rules).
 Run: ``python benchmarks/bench_simulate.py``.
 """
 from __future__ import annotations
@@ -29,11 +31,16 @@ from reference import reference_simulate  # noqa: E402
 
 N_REQUESTS = 20_000
 N_REFERENCE = 300
-KNOBS = {
-    "static": {"batch_size": 64},
-    "dynamic": {"batch_size": 64, "max_queue_delay_s": 0.05},
-    "continuous": {"max_num_seqs": 256},
-    "chunked": {"max_num_seqs": 256, "max_num_batched_tokens": 2048},
+VLLM_033 = {"async_scheduling": True, "enable_prefix_caching": True, "scheduler_reserve_full_isl": True,
+            "max_model_len": 8192}
+FIRST_RULES = {"async_scheduling": False, "enable_prefix_caching": False, "scheduler_reserve_full_isl": False,
+               "max_model_len": 0}
+RUNS = {  # label -> (policy, knobs)
+    "static": ("static", {"batch_size": 64}),
+    "dynamic": ("dynamic", {"batch_size": 64, "max_queue_delay_s": 0.05}),
+    "continuous": ("continuous", {"max_num_seqs": 256}),
+    "chunked": ("chunked", {"max_num_seqs": 256, "max_num_batched_tokens": 2048, **VLLM_033}),
+    "chunked-v1": ("chunked", {"max_num_seqs": 256, "max_num_batched_tokens": 2048, **FIRST_RULES}),
 }
 
 
@@ -103,18 +110,19 @@ def main():
     print(f"{N_REQUESTS:,} requests (lognormal 1000/250 tokens, CV 1, Poisson 40 req/s), Llama-3-8B on H100 SXM")
     print(f"{'policy':<11} {'steps':>9} {'seq-steps':>12} {'kernel s':>9} {'ns/seq-step':>12} "
           f"{'bare ns':>8} {'vs bare loop':>13} {'ref ns':>8} {'vs reference':>13}")
-    for policy, knobs in KNOBS.items():
+    for label, (policy, knobs) in RUNS.items():
         kw = dict(knobs, num_kv_blocks=cost.kv_pool_blocks())
+        ref_kw = dict(kw, vllm_033=True) if policy == "chunked" and kw["async_scheduling"] else kw
         bl.simulate(small, policy, cost, **kw)  # compile or load from cache outside the timing
         secs, res = best_of(functools.partial(bl.simulate, reqs, policy, cost, **kw))
         seq_steps = int(res.steps["running"].sum())
         bare_secs, (_, bare_steps) = best_of(lambda: bare_loop(*bare_args))
-        ref_secs, _ = best_of(functools.partial(reference_simulate, small, policy, cost, **kw), repeat=1)
+        ref_secs, _ = best_of(functools.partial(reference_simulate, small, policy, cost, **ref_kw), repeat=1)
         ref_seq_steps = int(bl.simulate(small, policy, cost, **kw).steps["running"].sum())
         ns = secs / seq_steps * 1e9
         bare_ns = bare_secs / bare_steps * 1e9
         ref_ns = ref_secs / ref_seq_steps * 1e9
-        print(f"{policy:<11} {len(res.steps):>9,} {seq_steps:>12,} {secs:>9.3f} {ns:>12.1f} {bare_ns:>8.2f} "
+        print(f"{label:<11} {len(res.steps):>9,} {seq_steps:>12,} {secs:>9.3f} {ns:>12.1f} {bare_ns:>8.2f} "
               f"{ns / bare_ns:>12.1f}x {ref_ns:>8.0f} {ref_ns / ns:>12.0f}x")
 
 

@@ -448,7 +448,12 @@ def run_iterations(live, req, times, tok_times, coef, chunked, rules, max_num_se
     last_start = 0.0
     busy = False  # a step has just run, so async scheduling planned this one when that step started
     while st[ST_FINISHED] < n_live:
-        next_sent = _send_and_queue(st, times, live, wait, slot_times, last_start if asynchronous and busy else now)
+        view_s = last_start if asynchronous and busy else now
+        next_sent = np.inf
+        if st[ST_NEXT] < n_live:  # a call only when a client may send (every array argument costs a little)
+            next_sent = times[live[st[ST_NEXT]], TIME_SENT]
+            if max_concurrency > 0 or next_sent <= view_s:
+                next_sent = _send_and_queue(st, times, live, wait, slot_times, view_s)
         if st[ST_RUNNING] == 0 and st[ST_WAIT_LEN] == 0:
             if next_sent == np.inf:
                 return STATUS_STUCK, steps[:st[ST_STEPS]], sched[:st[ST_SCHED]]
