@@ -183,6 +183,17 @@ def _orca(live, cost, max_num_seqs, budget, prefill_only_steps, usable, block_si
             done += 1
 
 
+def _step_time(cost, scheduled) -> float:
+    """Seconds of one iteration of ``scheduled`` (request, tokens) pairs: a decode or a prompt chunk each."""
+    chunks, decodes = [], []
+    for r, n in scheduled:
+        if n == 1 and r.emitted > 0 and r.computed == r.known - 1:
+            decodes.append(r.computed)
+        else:
+            chunks.append((n, r.computed))
+    return cost.step_time(prefill_chunks=chunks, decode_contexts=decodes)
+
+
 def _vllm_v1(live, cost, max_num_seqs, budget, threshold, chunking, usable, block_size):
     now, free = 0.0, usable
     arrivals = deque(live)
@@ -253,13 +264,7 @@ def _vllm_v1(live, cost, max_num_seqs, budget, threshold, chunking, usable, bloc
             waiting.extendleft(reversed(skipped))
         if not scheduled:
             continue
-        chunks, decodes = [], []
-        for r, n in scheduled:
-            if n == 1 and r.emitted > 0 and r.computed == r.known - 1:
-                decodes.append(r.computed)
-            else:
-                chunks.append((n, r.computed))
-        now += cost.step_time(prefill_chunks=chunks, decode_contexts=decodes)
+        now += _step_time(cost, scheduled)
         for r, n in scheduled:
             r.computed += n
             _emit(r, now)
@@ -463,14 +468,8 @@ def _vllm_033(live, cost, max_num_seqs, budget, threshold, rules, usable, block_
                     done += 1
                 busy = False
             continue
-        chunks, decodes = [], []
-        for r, n in scheduled:
-            if n == 1 and r.emitted > 0 and r.computed == r.known - 1:
-                decodes.append(r.computed)
-            else:
-                chunks.append((n, r.computed))
         last_start = now
-        now += cost.step_time(prefill_chunks=chunks, decode_contexts=decodes)
+        now += _step_time(cost, scheduled)
         busy = True
         finished_now = []
         for r, n in scheduled:
