@@ -289,13 +289,13 @@ def _run_scheduled(run, lo, hi, step_index, times, tok_times):
     A request that has computed every token it knows samples the next one; a row scheduled for no tokens
     (finished, held by async scheduling) is passed over. Emissions are stamped with the step's index (turned
     into times after the loop), so the step's duration is not needed here. Returns (prefill tokens, decode
-    sequences, attention work, cached tokens, rows that finished).
+    sequences, attention work, cached tokens, first row that finished or -1).
     """
     attn_work = 0.0
     cached = 0
     prefill_tokens = 0
     decode_seqs = 0
-    n_done = 0
+    first_done = -1
     for k in range(lo, hi):
         c = run[k, RUN_TOK]
         if c == 0:
@@ -319,18 +319,21 @@ def _run_scheduled(run, lo, hi, step_index, times, tok_times):
                 times[run[k, RUN_REQ], TIME_FIRST] = step_index
             if run[k, RUN_EMIT] == run[k, RUN_OUT]:
                 times[run[k, RUN_REQ], TIME_FINISH] = step_index
-                n_done += 1
-    return prefill_tokens, decode_seqs, attn_work, cached, n_done
+                if first_done < 0:
+                    first_done = k
+    return prefill_tokens, decode_seqs, attn_work, cached, first_done
 
 
 @njit(cache=True)
-def _release_finished(st, run, req, times, step_index, hold, end_s, slot_times, pool, seat_blocks):
+def _release_finished(st, run, req, times, first, step_index, hold, end_s, slot_times, pool, seat_blocks):
     """Requests that produced their whole output leave the running table and free their blocks; the others keep
     their order. With ``hold`` (async scheduling) the ones that finished in step ``step_index`` stay one step
-    more. A closed-loop client whose request finished in this step may send again from ``end_s``."""
-    j = 0
+    more. A closed-loop client whose request finished in this step may send again from ``end_s``. Rows before
+    ``first`` are neither finished nor held. Returns the first row still held (a large number: none)."""
+    j = first
     held = 0
-    for i in range(st[ST_RUNNING]):
+    first_held = 1 << 62
+    for i in range(first, st[ST_RUNNING]):
         r = run[i, RUN_REQ]
         done = run[i, RUN_EMIT] == run[i, RUN_OUT]
         if done and times[r, TIME_FINISH] == step_index:
@@ -343,6 +346,8 @@ def _release_finished(st, run, req, times, step_index, hold, end_s, slot_times, 
                 st[ST_FREE_BLOCKS] += run[i, RUN_BLOCKS]
             st[ST_FINISHED] += 1
             continue
+        if done and j < first_held:
+            first_held = j
         held += done
         if j != i:
             for col in range(RUN_COLUMNS):
@@ -350,6 +355,7 @@ def _release_finished(st, run, req, times, step_index, hold, end_s, slot_times, 
         j += 1
     st[ST_RUNNING] = j
     st[ST_PENDING] = held
+    return first_held
 
 
 @njit(cache=True)
@@ -447,6 +453,7 @@ def run_iterations(live, req, times, tok_times, coef, chunked, rules, max_num_se
     now = 0.0
     last_start = 0.0
     busy = False  # a step has just run, so async scheduling planned this one when that step started
+    first_held = 1 << 62  # the first row async scheduling still holds after it finished
     while st[ST_FINISHED] < n_live:
         view_s = last_start if asynchronous and busy else now
         next_sent = np.inf
@@ -472,7 +479,8 @@ def run_iterations(live, req, times, tok_times, coef, chunked, rules, max_num_se
         if n_scheduled == 0:
             if asynchronous and busy:
                 # The plan made while the last step ran was empty: the engine waits for that step and plans again.
-                _release_finished(st, run, req, times, -1, False, now, slot_times, pool, seat_blocks)
+                _release_finished(st, run, req, times, 0, -1, False, now, slot_times, pool, seat_blocks)
+                first_held = 1 << 62
                 busy = False
                 continue
             # Only possible when every waiting request was just rejected; anything else is a bug.
@@ -490,7 +498,7 @@ def run_iterations(live, req, times, tok_times, coef, chunked, rules, max_num_se
                 sched = record_sched(sched, st[ST_SCHED], st[ST_STEPS], run[k, RUN_REQ], run[k, RUN_TOK],
                                      KIND_DECODE if _is_decode(run, k) else KIND_PREFILL)
                 st[ST_SCHED] += 1
-        prefill_tokens, decode_seqs, attn_work, cached, n_done = _run_scheduled(
+        prefill_tokens, decode_seqs, attn_work, cached, first_done = _run_scheduled(
             run, lo, hi, st[ST_STEPS], times, tok_times)
         dur, _g, _a, _c, _e, flops, nbytes, bound = step_cost(coef, decode_seqs + prefill_tokens, attn_work,
                                                               cached)
@@ -500,9 +508,10 @@ def run_iterations(live, req, times, tok_times, coef, chunked, rules, max_num_se
         last_start = now
         now += dur
         busy = True
-        if n_done > 0 or st[ST_PENDING] > 0:
-            _release_finished(st, run, req, times, st[ST_STEPS] - 1, asynchronous, now, slot_times, pool,
-                              seat_blocks)
+        if first_done >= 0 or st[ST_PENDING] > 0:
+            first = first_held if first_done < 0 else min(first_done, first_held)
+            first_held = _release_finished(st, run, req, times, first, st[ST_STEPS] - 1, asynchronous, now,
+                                           slot_times, pool, seat_blocks)
     n_steps = st[ST_STEPS]
     _stamp_times(steps, n_steps, live, tok_times, times)
     _account_tokens(live, req)
