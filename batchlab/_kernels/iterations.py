@@ -393,32 +393,6 @@ def _account_tokens(live, req):
 
 
 @njit(cache=True)
-def _plan(st, run, wait, skipped, victims, req, times, slot_times, now, chunked, rules, max_num_seqs, budget,
-          threshold, prefill_only_steps, block_size, pool, seat_blocks, prefix_ids, prefix_tokens, unique_stride,
-          hit_slots):
-    """Form one iteration: the rows ``[lo, hi)`` of the running table it runs. Returns (lo, hi, rows scheduled,
-    requests preempted in ``victims``)."""
-    thr = threshold
-    if rules & RULE_THRESHOLD_ALONE and st[ST_RUNNING] + st[ST_WAIT_LEN] <= 1:
-        thr = 0  # nobody to starve
-    if not chunked:
-        first_new = _admit_whole_prompts(st, run, wait, req, times, now, budget, max_num_seqs, block_size)
-        lo = first_new if (prefill_only_steps and st[ST_RUNNING] > first_new) else 0
-        return lo, st[ST_RUNNING], st[ST_RUNNING] - lo, 0
-    hi, n_scheduled, left, n_victims, n_dropped = _schedule_running(
-        st, run, wait, req, victims, budget, thr, block_size, pool, seat_blocks, prefix_ids, prefix_tokens,
-        unique_stride)
-    # Nobody is admitted in an iteration that preempted.
-    if n_dropped == 0 and st[ST_WAIT_LEN] > 0 and left > 0 and st[ST_RUNNING] < max_num_seqs:
-        _admit_waiting(st, run, wait, skipped, req, times, slot_times, now, left, budget, thr, rules, max_num_seqs,
-                       block_size, pool, seat_blocks, prefix_ids, prefix_tokens, unique_stride, hit_slots)
-        if st[ST_RUNNING] > hi:
-            n_scheduled += st[ST_RUNNING] - hi
-            hi = st[ST_RUNNING]
-    return 0, hi, n_scheduled, n_victims
-
-
-@njit(cache=True)
 def run_iterations(live, req, times, tok_times, coef, chunked, rules, max_num_seqs, budget, threshold,
                    prefill_only_steps, usable_blocks, block_size, record, max_concurrency, prefix_ids,
                    prefix_tokens):
@@ -467,10 +441,28 @@ def run_iterations(live, req, times, tok_times, coef, chunked, rules, max_num_se
             now = max(now, next_sent)
             busy = False
             continue
-        lo, hi, n_scheduled, n_victims = _plan(
-            st, run, wait, skipped, victims, req, times, slot_times, now, chunked, rules, max_num_seqs, budget,
-            threshold, prefill_only_steps, block_size, pool, seat_blocks, prefix_ids, prefix_tokens,
-            max_blocks + 1, hit_slots)
+        thr = threshold
+        if rules & RULE_THRESHOLD_ALONE and st[ST_RUNNING] + st[ST_WAIT_LEN] <= 1:
+            thr = 0  # nobody to starve
+        if not chunked:
+            first_new = _admit_whole_prompts(st, run, wait, req, times, now, budget, max_num_seqs, block_size)
+            lo = first_new if (prefill_only_steps and st[ST_RUNNING] > first_new) else 0
+            hi = st[ST_RUNNING]
+            n_scheduled = hi - lo
+            n_victims = 0
+        else:
+            hi, n_scheduled, left, n_victims, n_dropped = _schedule_running(
+                st, run, wait, req, victims, budget, thr, block_size, pool, seat_blocks, prefix_ids, prefix_tokens,
+                max_blocks + 1)
+            # Nobody is admitted in an iteration that preempted.
+            if n_dropped == 0 and st[ST_WAIT_LEN] > 0 and left > 0 and st[ST_RUNNING] < max_num_seqs:
+                _admit_waiting(st, run, wait, skipped, req, times, slot_times, now, left, budget, thr, rules,
+                               max_num_seqs, block_size, pool, seat_blocks, prefix_ids, prefix_tokens, max_blocks + 1,
+                               hit_slots)
+                if st[ST_RUNNING] > hi:
+                    n_scheduled += st[ST_RUNNING] - hi
+                    hi = st[ST_RUNNING]
+            lo = 0
         if record:
             # Recorded after the pass: reassigning an array inside the hot loop costs refcounting.
             for k in range(n_victims):
