@@ -147,7 +147,8 @@ def _schedule_running(st, run, wait, req, victims, budget, threshold, block_size
     left = budget
     n_victims = 0
     n_dropped = 0
-    n_running = st[ST_RUNNING]  # a local: the state vector changes only when someone is preempted
+    n_running = st[ST_RUNNING]  # locals: the state vector is written only around calls that change it
+    free = st[ST_FREE_BLOCKS]
     while hi < n_running and left > 0:
         known = run[hi, RUN_PROMPT] + run[hi, RUN_EMIT]
         if run[hi, RUN_EMIT] == run[hi, RUN_OUT]:
@@ -163,11 +164,13 @@ def _schedule_running(st, run, wait, req, victims, budget, threshold, block_size
         if run[hi, RUN_COMP] + want > run[hi, RUN_BLOCKS] * block_size:  # skips a division on most steps
             need = blocks_for(run[hi, RUN_COMP] + want, block_size) - run[hi, RUN_BLOCKS]
         scheduled = True
-        while need > st[ST_FREE_BLOCKS]:
+        while need > free:
             was_last = n_running - 1 == hi
+            st[ST_FREE_BLOCKS] = free
             victim = _preempt_last(st, run, wait, req, pool, seat_blocks, prefix_ids, prefix_tokens, unique_stride,
                                    block_size)
             n_running = st[ST_RUNNING]
+            free = st[ST_FREE_BLOCKS]
             n_dropped += 1
             if victim >= 0:
                 victims[n_victims] = victim
@@ -179,11 +182,13 @@ def _schedule_running(st, run, wait, req, victims, budget, threshold, block_size
             break
         run[hi, RUN_TOK] = want
         if not caching:  # counted blocks: no call (a call with many array arguments costs about 100 ns)
-            st[ST_FREE_BLOCKS] -= need
+            free -= need
             run[hi, RUN_BLOCKS] += need
         else:
             if need > 0:
+                st[ST_FREE_BLOCKS] = free
                 kv.allocate(st, pool, seat_blocks[run[hi, RUN_SEAT]], run[hi, RUN_BLOCKS], need)
+                free = st[ST_FREE_BLOCKS]
                 run[hi, RUN_BLOCKS] += need
             if run[hi, RUN_COMP] + want >= (run[hi, RUN_CACHED] + 1) * block_size:  # a block filled up
                 full = (run[hi, RUN_COMP] + want) // block_size  # want never passes the tokens known
@@ -193,6 +198,7 @@ def _schedule_running(st, run, wait, req, victims, budget, threshold, block_size
         left -= want
         hi += 1
         n_scheduled += 1
+    st[ST_FREE_BLOCKS] = free
     return hi, n_scheduled, left, n_victims, n_dropped
 
 
