@@ -83,10 +83,9 @@ def summary(requests, token_times_s, token_offsets, step_durations_s) -> dict[st
     out["preemptions"] = int(requests["preemptions"].sum())
     out["padding_fraction"] = float(padded[done].sum() / slots[done].sum()) if done.any() else 0.0
     out["gpu_busy_fraction"] = float(np.sum(step_durations_s) / duration) if duration > 0 else 0.0
-    if "cached_tokens" in requests:
-        looked_up = requests["prompt_tokens"].to_numpy()[done].sum()
-        hits = requests["cached_tokens"].to_numpy()[done].sum()
-        out["prefix_cache_hit_rate"] = float(hits / looked_up) if looked_up else 0.0
+    looked_up = requests["prompt_tokens"].to_numpy()[done].sum()
+    hits = requests["cached_tokens"].to_numpy()[done].sum()
+    out["prefix_cache_hit_rate"] = float(hits / looked_up) if looked_up else 0.0
     return out
 
 

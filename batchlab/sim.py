@@ -36,6 +36,28 @@ def vllm_defaults(hardware, usage: str = "serve") -> dict[str, int]:
     return {"max_num_seqs": 256, "max_num_batched_tokens": 2048 if usage == "serve" else 8192}
 
 
+def seats_for(cost, max_num_batched_tokens: int) -> int:
+    """``max_num_seqs`` a vLLM user must set with a token budget: vLLM's default for the GPU, capped at the budget.
+
+    vLLM refuses to start when ``max_num_batched_tokens < max_num_seqs`` (its ``SchedulerConfig`` wants at least
+    one token per running sequence), so a budget below the default 1,024 seats of an H100 needs the seats lowered
+    with it. Used in chapters 05, 06, 07, 09 and 11.
+
+    Parameters
+    ----------
+    cost : CostModel
+        Its GPU sets the default (:func:`batchlab.vllm_defaults`).
+    max_num_batched_tokens : int
+        Token budget per iteration.
+
+    Returns
+    -------
+    int
+        min(default ``max_num_seqs``, ``max_num_batched_tokens``).
+    """
+    return min(vllm_defaults(cost.hardware)["max_num_seqs"], int(max_num_batched_tokens))
+
+
 _KNOB_POLICIES = {
     "batch_size": ("static", "dynamic"),
     "max_queue_delay_s": ("dynamic",),

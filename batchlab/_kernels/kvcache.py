@@ -78,25 +78,28 @@ def _home(key, mask):
 
 
 @njit(cache=True)
+def _probe(pool, key):
+    """The table index holding ``key``, or the empty index that ends its probe run (linear probing)."""
+    tkey = _sections(pool)[4]
+    mask = pool[POOL_TABLE] - 1
+    i = _home(key, mask)
+    while pool[tkey + i] != NO_KEY and pool[tkey + i] != key:
+        i = (i + 1) & mask
+    return i
+
+
+@njit(cache=True)
 def table_find(pool, key):
     """The slot caching ``key``, or -1."""
     _k, _r, _p, _n, tkey, tslot, _s = _sections(pool)
-    mask = pool[POOL_TABLE] - 1
-    i = _home(key, mask)
-    while pool[tkey + i] != NO_KEY:
-        if pool[tkey + i] == key:
-            return pool[tslot + i]
-        i = (i + 1) & mask
-    return -1
+    i = _probe(pool, key)
+    return pool[tslot + i] if pool[tkey + i] == key else -1
 
 
 @njit(cache=True)
 def _table_insert(pool, key, slot):
     _k, _r, _p, _n, tkey, tslot, _s = _sections(pool)
-    mask = pool[POOL_TABLE] - 1
-    i = _home(key, mask)
-    while pool[tkey + i] != NO_KEY:
-        i = (i + 1) & mask
+    i = _probe(pool, key)  # the key is absent: an empty index
     pool[tkey + i] = key
     pool[tslot + i] = slot
 
@@ -106,9 +109,7 @@ def _table_delete(pool, key):
     """Remove ``key`` (present) and shift back the run behind it so every key stays reachable from its home."""
     _k, _r, _p, _n, tkey, tslot, _s = _sections(pool)
     mask = pool[POOL_TABLE] - 1
-    i = _home(key, mask)
-    while pool[tkey + i] != key:
-        i = (i + 1) & mask
+    i = _probe(pool, key)  # the key is present
     j = i
     while True:
         j = (j + 1) & mask

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from .. import viz
-from ..sim import simulate, vllm_defaults
+from ..sim import seats_for, simulate, vllm_defaults  # noqa: F401 - seats_for: chapter 07 quotes it
 from ..workload import Requests, preset
 
 STEP_KINDS = ("decode", "mixed", "prefill")
@@ -23,28 +23,6 @@ MIXING_POLICIES = {  # label -> (policy, knobs): three ways to combine prompts w
     "prefill-only steps (vLLM V0)": ("continuous", {"prefill_only_steps": True}),
 }
 KIND_COLORS = {"decode": viz.PALETTE[0], "mixed": viz.PALETTE[2], "prefill": viz.PALETTE[3]}
-
-
-def seats_for(cost, max_num_batched_tokens: int) -> int:
-    """``max_num_seqs`` a vLLM user must set with a token budget: vLLM's default for the GPU, capped at the budget.
-
-    vLLM refuses to start when ``max_num_batched_tokens < max_num_seqs`` (its ``SchedulerConfig`` wants at least
-    one token per running sequence), so a budget below the default 1,024 seats of an H100 needs the seats lowered
-    with it. Used in chapters 07 and 09.
-
-    Parameters
-    ----------
-    cost : CostModel
-        Its GPU sets the default (:func:`batchlab.vllm_defaults`).
-    max_num_batched_tokens : int
-        Token budget per iteration.
-
-    Returns
-    -------
-    int
-        min(default ``max_num_seqs``, ``max_num_batched_tokens``).
-    """
-    return min(vllm_defaults(cost.hardware)["max_num_seqs"], int(max_num_batched_tokens))
 
 
 def within_context(cost, requests):

@@ -28,7 +28,7 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
-from ..sim import simulate, vllm_defaults
+from ..sim import seats_for, simulate, vllm_defaults
 from ..workload import Requests
 
 CONTEXT = 2048  # tokens of KV cache per decoder in the iteration that can first admit the newcomer
@@ -155,9 +155,8 @@ def run(cost, policy: str = "chunked", *, n_decoders: int | None = None, context
                          "tail_steps >= 0")
     if policy == "chunked":
         knobs = {**CHUNKED_SCENE_KNOBS, **knobs}
-        defaults = vllm_defaults(cost.hardware)
-        budget = knobs.get("max_num_batched_tokens") or defaults["max_num_batched_tokens"]
-        knobs.setdefault("max_num_seqs", min(defaults["max_num_seqs"], budget))  # vLLM refuses more seats
+        budget = knobs.get("max_num_batched_tokens") or vllm_defaults(cost.hardware)["max_num_batched_tokens"]
+        knobs.setdefault("max_num_seqs", seats_for(cost, budget))  # vLLM refuses more seats
     output = context + _prefill_steps(cost, policy, n, prompt_tokens, knobs) + tail_steps
     kw = dict(n_decoders=n, decoder_output_tokens=output, prompt_tokens=prompt_tokens,
               newcomer_output_tokens=newcomer_output_tokens, behind_tokens=behind_tokens)
