@@ -28,6 +28,17 @@ class ModelSpec(NamedTuple):
     d_ff: int  # MLP intermediate size
     vocab: int  # vocabulary size
     max_position_embeddings: int = 8192  # tokens of context the model was trained for (vLLM's default max_model_len)
+    tied_embeddings: int = 0  # 1: the LM head is the input embedding matrix (one copy in ``params``)
+
+    @property
+    def embedding_params(self) -> int:
+        """Parameters of the input embedding table, vocab x d_model (a row lookup per token, no GEMM)."""
+        return self.vocab * self.d_model
+
+    @property
+    def body_params(self) -> int:
+        """Parameters every new token multiplies: all but the embedding table and the LM head."""
+        return self.params - self.embedding_params * (1 if self.tied_embeddings else 2)
 
     def weight_bytes(self, dtype: str = "bf16") -> float:
         """Bytes of weights streamed from HBM once per iteration."""
@@ -57,7 +68,7 @@ def model_names() -> list[str]:
 
 
 def get_model(name: str) -> ModelSpec:
-    """The preset model ``name``: ``llama-3-8b``, ``llama-3-70b``, ``llama-2-7b``, ``llama-2-70b``, ``mistral-7b``."""
+    """The preset model ``name`` (:func:`model_names` lists them; shapes in ``data/models.csv``)."""
     presets = _presets()
     if name not in presets:
         raise ValueError(f"model must be one of {sorted(presets)}, got {name!r}")
