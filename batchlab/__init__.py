@@ -9,6 +9,7 @@ from .workload import (Requests, arrivals_gamma, arrivals_poisson, fixed, from_f
                        lengths_lognormal, lengths_uniform, multi_turn, read_trace, shared_prefix, synthetic)
 from .workload import preset, preset_names, trace_stats
 from .datasets import replay
+from . import validate as validate  # end-to-end calibration runs and their replay (issue 11)
 
 VLLM_VERSION = "0.33.0"  # the vLLM whose scheduler rules and defaults policy "chunked" follows (DESIGN section 4c)
 

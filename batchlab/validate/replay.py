@@ -1,0 +1,159 @@
+"""Replay calibration runs through ``simulate`` and compare each measured mean with its prediction.
+
+Metrics, defined the same way on both sides (times in ms):
+
+- inference-perf, per stage: ``ttft`` and ``e2e`` are the means over the stage's completed requests; ``tpot`` =
+  (E2E mean - TTFT mean) / (output_len - 1), since every request generated exactly output_len tokens (the
+  source's own ``tpot_s`` and ``itl_s`` count blank stream lines and are about half the real time);
+- AIConfigurator: ``ttft`` and ``tpot`` are means over the requests; ``e2e`` = TTFT + TPOT x (osl - 1).
+
+A replay also says whether the simulated server was overloaded (open loop): completions per second clearly
+below the offered rate, or a queue that grows through the stage (:func:`overload_signs`).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ..cost import CostModel
+from ..sim import simulate
+from .raw import OPEN_LOOP
+from .runs import get_run, unrepresentable_reason
+from .setup import cost_for, knobs_with
+from .streams import build_requests
+
+METRICS = ("ttft", "tpot", "e2e")
+OVERLOAD_RATE_SHARE = 0.9  # overloaded: completions per second below this share of the offered rate ...
+OVERLOAD_TTFT_GROWTH_S = 1.0  # ... or TTFT in the stage's last quarter this many seconds above its first quarter's
+RUN_COLUMNS = ("set", "model", "hardware", "tp", "dtype", "status", "representable", "reason")
+
+
+def _cost(run: pd.Series, cost) -> CostModel:
+    """The CostModel for ``run``: ``cost_for(run)``, ``cost(run)``, or a CostModel of the run's model, GPU, TP."""
+    if cost is None:
+        return cost_for(run)
+    if isinstance(cost, CostModel):
+        if (cost.model.name, cost.hardware.name, cost.tp) != (run["model"], run["hardware"], int(run["tp"])):
+            raise ValueError(f"cost is for {cost.model.name} on {cost.tp} x {cost.hardware.name}, run "
+                             f"{run['run_id']!r} is {run['model']} on {run['tp']} x {run['hardware']}")
+        return cost
+    if callable(cost):
+        built = cost(run)
+        if not isinstance(built, CostModel):
+            raise ValueError(f"cost(run) must return a batchlab.CostModel, got {type(built).__name__}")
+        return built
+    raise ValueError(f"cost must be None, a CostModel or a callable run -> CostModel, got {type(cost).__name__}")
+
+
+def simulate_run(run, cost=None, seed=0, **knob_overrides):
+    """Simulate the whole stream ``run`` belongs to (every stage of its experiment).
+
+    Parameters
+    ----------
+    run : str or pandas.Series
+        A run id of :func:`batchlab.validate.calibration_runs` or one of its rows.
+    cost : None, CostModel or callable, optional
+        None: :func:`cost_for`; a callable ``cost(run) -> CostModel``; or a CostModel of the run's model and GPU.
+    seed : int or numpy.random.Generator
+        Seeds the stream (:func:`build_requests`).
+    **knob_overrides
+        Passed to :func:`knobs_for` (e.g. ``enable_prefix_caching=False``). The KV pool, where not published,
+        is sized for the cost model used (so ``kv_dtype="fp8"`` doubles it).
+
+    Returns
+    -------
+    result : SimResult
+    stages : numpy.ndarray
+        Stage index of each request.
+    """
+    run = get_run(run)
+    requests, stages = build_requests(run, seed)
+    cost = _cost(run, cost)
+    return simulate(requests, cost=cost, **knobs_with(run, cost, **knob_overrides)), stages
+
+
+def overload_signs(per_request: pd.DataFrame, mask: np.ndarray, rate_req_s: float) -> dict:
+    """Whether the simulated server kept up with one open-loop stage (the requests ``mask`` selects).
+
+    Returns
+    -------
+    dict
+        ``completion_rate_req_s`` (completed / (last finish - first send)), ``ttft_growth_s`` (mean TTFT of the
+        stage's last quarter of requests minus its first quarter's) and ``overloaded``: some request rejected,
+        completions below :data:`OVERLOAD_RATE_SHARE` of ``rate_req_s``, or TTFT growing by more than
+        :data:`OVERLOAD_TTFT_GROWTH_S`.
+    """
+    rows = per_request[mask]
+    done = ~rows["rejected"].to_numpy()
+    span = np.nanmax(rows["finish_s"].to_numpy()) - rows["sent_s"].min() if done.any() else np.inf
+    completion = done.sum() / span
+    ttft = rows["ttft_s"].to_numpy()
+    quarter = max(len(ttft) // 4, 1)
+    growth = float(np.nanmean(ttft[-quarter:]) - np.nanmean(ttft[:quarter])) if done.any() else np.inf
+    overloaded = (not done.all()) or completion < OVERLOAD_RATE_SHARE * rate_req_s or growth > OVERLOAD_TTFT_GROWTH_S
+    return {"completion_rate_req_s": float(completion), "ttft_growth_s": growth, "overloaded": bool(overloaded)}
+
+
+def _predicted(run: pd.Series, per_request: pd.DataFrame, mask: np.ndarray) -> dict:
+    """Predicted means (ms) of one run's requests, by the metric definitions of this module."""
+    done = mask & ~per_request["rejected"].to_numpy()
+    ttft = float(per_request["ttft_s"].to_numpy()[done].mean() * 1e3)
+    if run["set"] == OPEN_LOOP:
+        e2e = float(per_request["e2el_s"].to_numpy()[done].mean() * 1e3)
+        return {"ttft": ttft, "tpot": (e2e - ttft) / (int(run["output_len"]) - 1), "e2e": e2e}
+    tpot = float(per_request["tpot_s"].to_numpy()[done].mean() * 1e3)
+    return {"ttft": ttft, "tpot": tpot, "e2e": ttft + tpot * (int(run["osl"]) - 1)}
+
+
+def _evaluate(run: pd.Series, result, stages: np.ndarray) -> dict:
+    """Measured against predicted for ``run``, from the simulation of its whole stream."""
+    per_request = result.requests
+    stage = int(run["stage"]) if run["set"] == OPEN_LOOP else 0
+    mask = stages == stage
+    out = {"run_id": run["run_id"], **{c: run[c] for c in RUN_COLUMNS if c in run.index}}
+    if "reason" not in run.index:
+        out["reason"] = unrepresentable_reason(run)
+        out["representable"] = out["reason"] == ""
+    predicted = _predicted(run, per_request, mask)
+    for metric in METRICS:
+        out[f"measured_{metric}_ms"] = float(run[f"{metric}_ms"])
+        out[f"predicted_{metric}_ms"] = predicted[metric]
+    out["completed"] = int((mask & ~per_request["rejected"].to_numpy()).sum())
+    out["prefix_cache_hit_rate"] = float(per_request["cached_tokens"][mask].sum()
+                                         / per_request["prompt_tokens"][mask].sum())
+    if run["set"] == OPEN_LOOP:
+        out["offered_rate_req_s"] = float(run["rate_req_s"])
+        out.update(overload_signs(per_request, mask, float(run["rate_req_s"])))
+        later = per_request["sent_s"].to_numpy()[stages > stage]
+        out["drained"] = bool(later.size == 0 or np.nanmax(per_request["finish_s"].to_numpy()[mask]) < later.min())
+    else:
+        out.update(offered_rate_req_s=np.nan, completion_rate_req_s=np.nan, ttft_growth_s=np.nan,
+                   overloaded=False, drained=True)
+    return out
+
+
+def replay(run, cost=None, seed=0, **knob_overrides) -> dict:
+    """Replay one calibration run: measured and predicted means, and whether the simulated server kept up.
+
+    Parameters
+    ----------
+    run : str or pandas.Series
+        A run id of :func:`batchlab.validate.calibration_runs` (ValueError if unknown) or one of its rows.
+    cost : None, CostModel or callable, optional
+        See :func:`simulate_run`.
+    seed : int or numpy.random.Generator
+    **knob_overrides
+        Passed to :func:`knobs_for`.
+
+    Returns
+    -------
+    dict
+        ``run_id``, the run's ``set``, ``model``, ``hardware``, ``tp``, ``dtype``, ``status``,
+        ``representable``, ``reason``; ``measured_<m>_ms`` and ``predicted_<m>_ms`` for m in ttft, tpot, e2e;
+        ``completed``, ``prefix_cache_hit_rate``; ``offered_rate_req_s``, ``completion_rate_req_s``,
+        ``ttft_growth_s``, ``overloaded`` (the simulated server's, see :func:`overload_signs`; False in the
+        closed loop) and ``drained`` (the stage finished before the next began).
+    """
+    run = get_run(run)
+    result, stages = simulate_run(run, cost, seed, **knob_overrides)
+    return _evaluate(run, result, stages)
