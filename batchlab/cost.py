@@ -1,21 +1,36 @@
-"""The analytic cost of one iteration: a per-operator roofline on one GPU (or a tensor-parallel group).
+"""The analytic cost of one iteration: a per-operator roofline on one GPU (or a tensor-parallel group), plus the
+serving terms a client of vLLM sees.
 
 One iteration holds prefill chunks i (c_i new tokens on top of p_i cached ones) and decode sequences j
-(context l_j). With T = sum(c_i) + N_dec new tokens:
+(context l_j). With T = sum(c_i) + N_dec new tokens, S rows that sample a token (every decode, and every
+prompt whose last chunk ends in the step) and N sequences scheduled:
 
-    t_gemm = max(2 P T / (eta_c F), P b_w / (eta_m BW))            weights stream once per step
+    t_gemm = max(2 P' T / (eta_c F), P' b_w / (eta_m BW))          body weights stream once per step
+    t_lm   = max(2 d V S / (eta_c F16), V d 2 / (eta_m BW))         LM head on sampled rows only (S > 0), BF16
     F_attn = sum_i 2 L d c_i (2 p_i + c_i) + sum_j 4 L d l_j         causal prefill + one decode row
     B_kv   = k (sum_i p_i + sum_j l_j + T)                           read cached KV, write new KV
     t_attn = max(F_attn / (eta_a F), B_kv / (eta_m BW))
     t_elem = T a / (eta_e BW)                                        norms, RoPE, SiLU-and-mul
-    step   = t_gemm + t_attn + t_elem + t_comm + t_overhead
+    t_gpu  = t_gemm + t_lm + t_attn + t_elem + t_comm + t_overhead
+    t_cpu  = c_step + c_seq N,   less min(h t_cpu, t_gpu) with async scheduling
+    step   = t_gpu + t_cpu
 
-``a`` is the activation traffic of the elementwise kernels vLLM runs around the GEMMs, per token, as they
-read and write it at the least: two fused residual-add RMSNorms (4 d elements each), RoPE on the queries
-and keys in place (2 (H + H_kv) d_h / t) and SiLU-and-mul (3 d_ff / t), in BF16, over L layers. DESIGN
-section 3's formula leaves this term out; the measured H100 timings show it is 10 to 15 % of a prefill
-(``batchlab.calibrate``), so the calibrated model keeps it and :meth:`CostModel.ideal`, DESIGN's pure
+P' is the parameters every token multiplies: all but the embedding table (a row lookup, no GEMM, only the
+looked-up rows read) and the LM head (``ModelSpec.body_params``). The LM head and the embedding stay BF16 under
+FP8 quantisation, as in vLLM. ``a`` is the activation traffic of the elementwise kernels vLLM runs around the
+GEMMs, per token, as they read and write it at the least: two fused residual-add RMSNorms (4 d elements each),
+RoPE on the queries and keys in place (2 (H + H_kv) d_h / t) and SiLU-and-mul (3 d_ff / t), in BF16, over L
+layers. DESIGN section 3's formula leaves this term out; the measured H100 timings show it is 10 to 15 % of a
+prefill (``batchlab.calibrate``), so the calibrated model keeps it and :meth:`CostModel.ideal`, DESIGN's pure
 roofline, does not.
+
+The serving terms (DESIGN section 3): the API server takes requests one at a time, ``frontend_s_per_token``
+per prompt token (tokenising), and ``request_latency_s`` more passes before the engine sees a request (HTTP,
+the hop to the engine, and streaming back: it lands once on TTFT and once on E2E);
+``cpu_step_s`` and ``cpu_seq_s`` are the engine's CPU work per step and per scheduled sequence (input
+preparation, sampling, output processing), of which async scheduling overlaps the fraction
+``cpu_hidden_fraction`` with the GPU's step (never more than the GPU step). All are fitted once, globally, on
+the end-to-end runs (``data/calibration.csv``) and are zero in :meth:`CostModel.ideal`.
 
 Under tensor parallelism t the work and bytes per GPU are divided by t and every layer adds two
 all-reduces of the activations (ring algorithm). The formula itself lives in ``_kernels.step_cost`` so the
@@ -47,7 +62,9 @@ VLLM_FIXED_RESERVED_BYTES = 0.65e9
 # Fitted on measured H100 timings by ``python -m batchlab.calibrate`` (data/calibration.csv, data/README.md).
 # Only if that file is absent do DESIGN section 3's starting values apply: they are guesses, not measurements.
 _STARTING = {"eta_compute": 0.6, "eta_memory": 0.8, "eta_attn": 0.5, "eta_elementwise": None, "overhead_s": 1e-3,
-             "allreduce_latency_s": 0.0, "eta_compute_fp8": 0.6, "eta_memory_fp8": 0.8}
+             "allreduce_latency_s": 0.0, "eta_compute_fp8": 0.6, "eta_memory_fp8": 0.8, "request_latency_s": 0.0,
+             "cpu_step_s": 0.0, "cpu_seq_s": 0.0, "cpu_hidden_fraction": 0.0, "frontend_s_per_token": 0.0}
+SERVING_FIELDS = ("request_latency_s", "frontend_s_per_token", "cpu_step_s", "cpu_seq_s", "cpu_hidden_fraction")
 
 
 def _shipped_efficiency() -> dict:
@@ -66,10 +83,12 @@ class StepBreakdown(NamedTuple):
     attn_s: float  # seconds, attention (max of compute and KV traffic)
     comm_s: float  # seconds, tensor-parallel all-reduces
     elementwise_s: float  # seconds, norms, RoPE and SiLU-and-mul (activation traffic)
-    overhead_s: float  # seconds, fixed per-step cost (scheduling, launches, sampling)
+    overhead_s: float  # seconds, fixed per-step GPU cost (kernel floors)
     flops: float  # FLOP per GPU in the step
     hbm_bytes: float  # bytes read or written from HBM per GPU in the step
     bound: str  # "compute" if the math takes longer than the memory traffic, else "memory"
+    lm_head_s: float = 0.0  # seconds, the LM head on the sampled rows
+    cpu_s: float = 0.0  # seconds, the engine's CPU work the step pays for (after async overlap)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,6 +117,14 @@ class CostModel:
         Seconds added to every iteration (scheduling, kernel launches, sampling).
     allreduce_latency_s : float
         Seconds of fixed latency per all-reduce when ``tp > 1``.
+    request_latency_s, cpu_step_s, cpu_seq_s : float
+        Serving terms, seconds: client to engine per request; engine CPU work per step and per scheduled
+        sequence. Default: fitted on the end-to-end runs (``data/calibration.csv``).
+    frontend_s_per_token : float
+        Serving term, seconds per prompt token the API server spends on a request (tokenising), one request at
+        a time, so a burst of requests reaches the engine spread out.
+    cpu_hidden_fraction : float
+        Share of the step's CPU work async scheduling overlaps with the GPU, in [0, 1].
     """
 
     hardware: Hardware
@@ -111,6 +138,11 @@ class CostModel:
     eta_elementwise: float | None = DEFAULT_EFFICIENCY["eta_elementwise"]
     overhead_s: float = DEFAULT_EFFICIENCY["overhead_s"]
     allreduce_latency_s: float = DEFAULT_EFFICIENCY["allreduce_latency_s"]
+    request_latency_s: float = DEFAULT_EFFICIENCY["request_latency_s"]
+    frontend_s_per_token: float = DEFAULT_EFFICIENCY["frontend_s_per_token"]
+    cpu_step_s: float = DEFAULT_EFFICIENCY["cpu_step_s"]
+    cpu_seq_s: float = DEFAULT_EFFICIENCY["cpu_seq_s"]
+    cpu_hidden_fraction: float = DEFAULT_EFFICIENCY["cpu_hidden_fraction"]
 
     def __post_init__(self):
         suffix = "_fp8" if self.dtype == "fp8" else ""
@@ -133,17 +165,23 @@ class CostModel:
         value = self.eta_elementwise
         if value is not None and not (isinstance(value, (int, float)) and 0 < value <= 1):
             raise ValueError(f"eta_elementwise must be None or in (0, 1], got {value!r}")
-        for field in ("overhead_s", "allreduce_latency_s"):
+        value = self.cpu_hidden_fraction
+        if isinstance(value, bool) or not (isinstance(value, (int, float)) and 0 <= value <= 1):
+            raise ValueError(f"cpu_hidden_fraction must be in [0, 1], got {value!r}")
+        for field in ("overhead_s", "allreduce_latency_s", "request_latency_s", "frontend_s_per_token", "cpu_step_s",
+                      "cpu_seq_s"):
             value = getattr(self, field)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"{field} must be a finite number of seconds >= 0, got {value!r}")
 
     # -- derived quantities -------------------------------------------------------------------
     def ideal(self) -> CostModel:
-        """DESIGN's pure roofline: GEMMs and attention at peak, no elementwise term, overhead or latency."""
+        """DESIGN's pure roofline: GEMMs and attention at peak, no elementwise term, overhead, latency or serving
+        terms."""
         return dataclasses.replace(
             self, eta_compute=1.0, eta_memory=1.0, eta_attn=1.0, eta_elementwise=None, overhead_s=0.0,
-            allreduce_latency_s=0.0,
+            allreduce_latency_s=0.0, request_latency_s=0.0, frontend_s_per_token=0.0, cpu_step_s=0.0, cpu_seq_s=0.0,
+            cpu_hidden_fraction=0.0,
         )
 
     def replace(self, **changes) -> CostModel:
@@ -157,8 +195,19 @@ class CostModel:
 
     @property
     def weight_bytes(self) -> float:
-        """Weight bytes held (and streamed each step) by one GPU."""
+        """Weight bytes held by one GPU (the embedding table and the LM head in BF16)."""
         return self.model.weight_bytes(self.dtype) / self.tp
+
+    @property
+    def lm_head_bytes(self) -> float:
+        """Bytes of the LM head on one GPU (BF16, split over the TP group): streamed in a step that samples."""
+        return self.model.embedding_params * BYTES_PER_ELEMENT["bf16"] / self.tp
+
+    @property
+    def streamed_weight_bytes(self) -> float:
+        """Weight bytes one decode step streams from HBM on one GPU: the body and the LM head, not the embedding
+        table (a row lookup). Llama-3-8B in BF16: (8.03e9 - 0.525e9) x 2 B = 15.0 GB."""
+        return self.model.body_params * BYTES_PER_ELEMENT[self.dtype] / self.tp + self.lm_head_bytes
 
     @property
     def kv_bytes_per_token(self) -> float:
@@ -186,8 +235,16 @@ class CostModel:
         """
         m, hw, tp = self.model, self.hardware, self.tp
         coef = np.zeros(k.N_COEF)
-        coef[k.COEF_GEMM_FLOPS_PER_TOKEN] = 2.0 * m.params / tp
-        coef[k.COEF_WEIGHT_BYTES] = self.weight_bytes
+        coef[k.COEF_GEMM_FLOPS_PER_TOKEN] = 2.0 * m.body_params / tp
+        coef[k.COEF_WEIGHT_BYTES] = m.body_params * BYTES_PER_ELEMENT[self.dtype] / tp
+        coef[k.COEF_LM_HEAD_FLOPS_PER_ROW] = 2.0 * m.embedding_params / tp
+        coef[k.COEF_LM_HEAD_BYTES] = self.lm_head_bytes
+        coef[k.COEF_LM_HEAD_FLOP_RATE] = self.eta_compute * hw.peak_flops("bf16")  # a BF16 GEMM, same efficiency
+        coef[k.COEF_REQUEST_LATENCY_S] = self.request_latency_s
+        coef[k.COEF_FRONTEND_S_PER_TOKEN] = self.frontend_s_per_token
+        coef[k.COEF_CPU_STEP_S] = self.cpu_step_s
+        coef[k.COEF_CPU_SEQ_S] = self.cpu_seq_s
+        coef[k.COEF_CPU_HIDDEN] = self.cpu_hidden_fraction
         coef[k.COEF_ATTN_FLOPS_PER_WORK] = 2.0 * m.layers * m.attn_dim / tp
         coef[k.COEF_KV_BYTES_PER_TOKEN] = self.kv_bytes_per_token
         coef[k.COEF_PEAK_FLOPS] = self.peak_flops
@@ -240,6 +297,8 @@ class CostModel:
         self,
         prefill_chunks: Sequence[tuple[int, int]] = (),
         decode_contexts: Sequence[int] = (),
+        sampled_chunks: int | None = None,
+        asynchronous: bool = True,
     ) -> StepBreakdown:
         """Time of one iteration and where it goes.
 
@@ -249,6 +308,12 @@ class CostModel:
             Prompt chunks computed in the step; ``cached_tokens`` of the same prompt are already in KV.
         decode_contexts : sequence of int
             Context length (cached tokens) of each sequence emitting one token.
+        sampled_chunks : int, optional
+            How many of the prompt chunks end their prompt (sample a first token, so run the LM head).
+            Default: all of them.
+        asynchronous : bool
+            Async scheduling (vLLM 0.33's default, as in :func:`batchlab.simulate`) overlaps part of the CPU
+            work with the GPU; ``False`` gives the synchronous engine.
         """
         chunks = np.asarray(prefill_chunks, dtype=np.float64).reshape(-1, 2)
         ctx = np.asarray(decode_contexts, dtype=np.float64).reshape(-1)
@@ -260,16 +325,23 @@ class CostModel:
             raise ValueError("a step needs at least one prefill chunk or one decode sequence")
         attn_work = (c * (2 * p + c)).sum() + 2 * ctx.sum()
         cached = p.sum() + ctx.sum()
-        out = step_cost(self.coefficients(), new_tokens, attn_work, cached)
-        total, gemm, attn, comm, elementwise, flops, nbytes, compute_bound = out
+        n_chunks = len(chunks)
+        sampled = n_chunks if sampled_chunks is None else sampled_chunks
+        if isinstance(sampled, bool) or not isinstance(sampled, (int, np.integer)) or not 0 <= sampled <= n_chunks:
+            raise ValueError(f"sampled_chunks must be an integer from 0 to {n_chunks}, got {sampled_chunks!r}")
+        out = step_cost(self.coefficients(), new_tokens, attn_work, cached, sampled + ctx.size, n_chunks + ctx.size,
+                        bool(asynchronous))
+        total, gemm, attn, comm, elementwise, lm_head, cpu, flops, nbytes, compute_bound = out
         return StepBreakdown(total, gemm, attn, comm, elementwise, self.overhead_s, flops, nbytes,
-                             "compute" if compute_bound else "memory")
+                             "compute" if compute_bound else "memory", lm_head, cpu)
 
-    def step_time(self, prefill_chunks: Sequence[tuple[int, int]] = (), decode_contexts: Sequence[int] = ()) -> float:
-        """Seconds for one iteration of prefill chunks ``(new, cached)`` and decodes at ``decode_contexts``."""
-        return self.step_breakdown(prefill_chunks, decode_contexts).total_s
+    def step_time(self, prefill_chunks: Sequence[tuple[int, int]] = (), decode_contexts: Sequence[int] = (),
+                  sampled_chunks: int | None = None, asynchronous: bool = True) -> float:
+        """Seconds for one iteration of prefill chunks ``(new, cached)`` and decodes at ``decode_contexts``
+        (the arguments of :meth:`step_breakdown`)."""
+        return self.step_breakdown(prefill_chunks, decode_contexts, sampled_chunks, asynchronous).total_s
 
-    def decode_step_time(self, batch, context):
+    def decode_step_time(self, batch, context, asynchronous: bool = True):
         """Seconds of one decode iteration of ``batch`` sequences each holding ``context`` cached tokens.
 
         Broadcasts over arrays of ``batch`` and ``context`` (for roofline charts).
@@ -278,7 +350,8 @@ class CostModel:
         if (b < 1).any() or (ctx < 0).any():
             raise ValueError("batch must be >= 1 and context >= 0")
         coef = self.coefficients()
-        out = np.array([step_cost(coef, bi, 2 * bi * ci, bi * ci)[0] for bi, ci in zip(b.ravel(), ctx.ravel())])
+        out = np.array([step_cost(coef, bi, 2 * bi * ci, bi * ci, bi, bi, bool(asynchronous))[0]
+                        for bi, ci in zip(b.ravel(), ctx.ravel())])
         return float(out[0]) if b.ndim == 0 else out.reshape(b.shape)
 
     def prefill_time(self, tokens: int) -> float:
@@ -297,14 +370,14 @@ class CostModel:
         return self.eta_compute * self.peak_flops * b_w / (2 * self.eta_memory * self.hardware.hbm_bytes_per_s)
 
     def kv_knee(self, context: float) -> float:
-        """B_kv = P b_w / (context k): the batch whose KV reads equal the weight bytes (sequences).
+        """B_kv = P b_w / (context k): the batch whose KV reads equal the streamed weight bytes (sequences).
 
         ``context`` is cached tokens per sequence (>= 0); ``inf`` at 0, where the KV term never binds.
         Used in chapter 04.
         """
         if context < 0:
             raise ValueError(f"context must be >= 0, got {context!r}")
-        return math.inf if context == 0 else self.weight_bytes / (context * self.kv_bytes_per_token)
+        return math.inf if context == 0 else self.streamed_weight_bytes / (context * self.kv_bytes_per_token)
 
     def knee(self, context: float = 0.0) -> float:
         """Batch size where a decode step leaves its floor: min(:meth:`ridge`, :meth:`kv_knee`).

@@ -41,8 +41,10 @@ class ModelSpec(NamedTuple):
         return self.params - self.embedding_params * (1 if self.tied_embeddings else 2)
 
     def weight_bytes(self, dtype: str = "bf16") -> float:
-        """Bytes of weights streamed from HBM once per iteration."""
-        return float(self.params * _element_bytes(dtype))
+        """Bytes of weights held in HBM: the body in ``dtype``; the embedding table and the LM head stay BF16
+        (vLLM's FP8 quantisation, like the published FP8 checkpoints, leaves them unquantised)."""
+        tables = self.params - self.body_params
+        return float(self.body_params * _element_bytes(dtype) + tables * BYTES_PER_ELEMENT["bf16"])
 
     def kv_bytes_per_token(self, dtype: str = "bf16") -> int:
         """Bytes of K and V cached per token over all layers: 2 * L * H_kv * d_h * bytes."""

@@ -92,6 +92,15 @@ def reference_simulate(requests, policy, cost, batch_size=32, max_queue_delay_s=
         r.rejected = never_fits or too_long
         if not r.rejected:
             live.append(r)
+    lat = cost.request_latency_s  # the engine sees a request this long after it is sent (a serving term)
+    shifted = policy != "chunked" or not (vllm_033 or async_scheduling or enable_prefix_caching
+                                          or scheduler_reserve_full_isl or max_concurrency)
+    client_arrival = {r.idx: r.arrival for r in live}
+    if shifted:  # open loop, first rules: the engine's arrival is when the API server passes the request on
+        free = -math.inf
+        for r in live:
+            free = max(r.arrival, free) + cost.frontend_s_per_token * r.prompt
+            r.arrival = free + lat
     if policy in ("static", "dynamic"):
         _batched(live, cost, batch_size, max_queue_delay_s if policy == "dynamic" else math.inf, usable,
                  block_size)
@@ -106,6 +115,8 @@ def reference_simulate(requests, policy, cost, batch_size=32, max_queue_delay_s=
                       max_concurrency, requests.prefix_blocks, requests.prefix_block_tokens)
         _vllm_033(live, cost, max_num_seqs, max_num_batched_tokens, long_prefill_token_threshold, rules, usable,
                   block_size)
+    for r in live:
+        r.arrival = client_arrival[r.idx]
     for r in reqs:
         if math.isnan(r.sent):
             r.sent = r.arrival
@@ -134,12 +145,12 @@ def _batched(live, cost, batch_size, delay, usable, block_size):
         for _ in batch:
             queue.popleft()
         b = len(batch)
-        t = dispatch + cost.step_time(prefill_chunks=[(p_max, 0)] * b)
+        t = dispatch + cost.step_time(prefill_chunks=[(p_max, 0)] * b, asynchronous=False)
         for r in batch:
             r.first = t
             r.token_times.append(t)
         for s in range(1, o_max):
-            t += cost.step_time(decode_contexts=[p_max + s - 1] * b)
+            t += cost.step_time(decode_contexts=[p_max + s - 1] * b, asynchronous=False)
             for r in batch:
                 if s < r.output:
                     r.token_times.append(t)
@@ -173,7 +184,7 @@ def _orca(live, cost, max_num_seqs, budget, prefill_only_steps, usable, block_si
         batch = new if (prefill_only_steps and new) else running
         chunks = [(r.prompt, 0) for r in batch if r in new]
         decodes = [r.computed for r in batch if r not in new]
-        now += cost.step_time(prefill_chunks=chunks, decode_contexts=decodes)
+        now += cost.step_time(prefill_chunks=chunks, decode_contexts=decodes, asynchronous=False)
         for r in batch:
             r.computed += r.prompt if r in new else 1
             _emit(r, now)
@@ -183,15 +194,18 @@ def _orca(live, cost, max_num_seqs, budget, prefill_only_steps, usable, block_si
             done += 1
 
 
-def _step_time(cost, scheduled) -> float:
-    """Seconds of one iteration of ``scheduled`` (request, tokens) pairs: a decode or a prompt chunk each."""
-    chunks, decodes = [], []
+def _step_time(cost, scheduled, asynchronous=False) -> float:
+    """Seconds of one iteration of ``scheduled`` (request, tokens) pairs: a decode or a prompt chunk each (a
+    chunk that reaches every known token samples one, so runs the LM head)."""
+    chunks, decodes, sampled = [], [], 0
     for r, n in scheduled:
         if n == 1 and r.emitted > 0 and r.computed == r.known - 1:
             decodes.append(r.computed)
         else:
             chunks.append((n, r.computed))
-    return cost.step_time(prefill_chunks=chunks, decode_contexts=decodes)
+            sampled += r.computed + n == r.known
+    return cost.step_time(prefill_chunks=chunks, decode_contexts=decodes, sampled_chunks=sampled,
+                          asynchronous=asynchronous)
 
 
 def _vllm_v1(live, cost, max_num_seqs, budget, threshold, chunking, usable, block_size):
@@ -353,6 +367,7 @@ def _vllm_033(live, cost, max_num_seqs, budget, threshold, rules, usable, block_
     pool = BlockPool(usable)
     unsent = deque(live)
     slots = deque([0.0] * rules.max_concurrency)  # times the free client slots freed
+    seen, frontend = {}, -math.inf  # when the engine sees each request; when the API server is free
     waiting, running = deque(), []
     done = 0
 
@@ -380,15 +395,18 @@ def _vllm_033(live, cost, max_num_seqs, budget, threshold, rules, usable, block_
         view = last_start if rules.asynchronous and busy else now
         while unsent:
             r = unsent[0]
-            if math.isnan(r.sent):
-                if rules.max_concurrency and not slots:
-                    break
-                r.sent = max(r.arrival, slots.popleft()) if rules.max_concurrency else r.arrival
-            if r.sent > view:
+            if r.idx not in seen:
+                if math.isnan(r.sent):
+                    if rules.max_concurrency and not slots:
+                        break
+                    r.sent = max(r.arrival, slots.popleft()) if rules.max_concurrency else r.arrival
+                frontend = max(r.sent, frontend) + cost.frontend_s_per_token * r.prompt  # one request at a time
+                seen[r.idx] = frontend + cost.request_latency_s
+            if seen[r.idx] > view:
                 break
             waiting.append(unsent.popleft())
         if not running and not waiting:
-            now = max(now, unsent[0].sent)
+            now = max(now, seen[unsent[0].idx])
             busy = False
             continue
         thr = threshold if len(running) + len(waiting) > 1 else 0
@@ -469,7 +487,7 @@ def _vllm_033(live, cost, max_num_seqs, budget, threshold, rules, usable, block_
                 busy = False
             continue
         last_start = now
-        now += _step_time(cost, scheduled)
+        now += _step_time(cost, scheduled, rules.asynchronous)
         busy = True
         finished_now = []
         for r, n in scheduled:

@@ -122,3 +122,41 @@ def test_rejections_are_recorded_with_a_reason(cost8b):
     assert tiny.requests.rejected.tolist() == [False, True, False]
     short = bl.simulate(r, "chunked", cost8b, num_kv_blocks=10, max_model_len=144)
     assert "leaves no room for one output token under max_model_len=144" in short.requests.reject_reason[1]
+
+
+@pytest.mark.parametrize("policy", bl.POLICIES)
+def test_request_latency_delays_the_engine_not_the_clock(cost8b, policy):
+    """A lone request: with the serving latency the engine sees it that much later, so its TTFT and E2E grow by
+    exactly the latency while its TPOT and the steps stay the same; it still counts as sent at its arrival."""
+    r = bl.Requests([0.0], [300], [20])
+    base = bl.simulate(r, policy, cost8b)
+    late = bl.simulate(r, policy, cost8b.replace(request_latency_s=0.25))
+    for col in ("ttft_s", "e2el_s"):
+        assert late.requests[col].iloc[0] == pytest.approx(base.requests[col].iloc[0] + 0.25, rel=1e-12)
+    assert late.requests["tpot_s"].iloc[0] == pytest.approx(base.requests["tpot_s"].iloc[0], rel=1e-12)
+    assert late.requests["sent_s"].iloc[0] == 0.0
+    np.testing.assert_allclose(late.steps["duration_s"], base.steps["duration_s"])
+
+
+def test_closed_loop_client_waits_for_the_latency_each_time(cost8b):
+    """One client, two requests: the second is sent when the first finishes, and reaches the engine the latency
+    later, so the engine idles that long between them."""
+    r = bl.Requests([0.0, 0.0], [300, 300], [10, 10])
+    res = bl.simulate(r, "chunked", cost8b.replace(request_latency_s=0.1), max_concurrency=1)
+    df = res.requests
+    assert df["sent_s"].iloc[1] == pytest.approx(df["finish_s"].iloc[0], rel=1e-12)
+    steps = res.steps
+    first_of_second = steps["start_s"].to_numpy()[steps["start_s"].to_numpy() > df["finish_s"].iloc[0] - 1e-12][0]
+    assert first_of_second == pytest.approx(df["finish_s"].iloc[0] + 0.1, rel=1e-9)
+
+
+def test_api_server_spreads_a_burst(cost8b):
+    """Four requests sent together: the API server tokenises one at a time, so the engine sees them 1000 x
+    frontend_s_per_token apart (plus the fixed latency), and the first one's TTFT is the shortest."""
+    r = bl.Requests(np.zeros(4), [1000] * 4, [5] * 4)
+    cost = cost8b.replace(frontend_s_per_token=1e-5, request_latency_s=0.02)
+    res = bl.simulate(r, "chunked", cost, async_scheduling=False)
+    first_step = res.steps["start_s"].iloc[0]
+    assert first_step == pytest.approx(0.01 + 0.02, rel=1e-12)  # the first request is through after 10 ms + 20 ms
+    ttft = res.requests["ttft_s"].to_numpy()
+    assert (np.diff(ttft) >= 0).all() and ttft[-1] > ttft[0]

@@ -45,6 +45,20 @@ def test_kernel_matches_reference(cost8b, policy, data):
     _compare(requests, policy, cost8b, k)
 
 
+@pytest.mark.parametrize("policy", bl.POLICIES)
+@settings(max_examples=60)
+@given(data=st.data())
+def test_kernel_matches_reference_with_serving_terms(cost8b, policy, data):
+    """Request latency, the one-at-a-time API server, CPU per step and per sequence, and async overlap: the same
+    in the loop and the reference."""
+    cost = cost8b.replace(
+        request_latency_s=data.draw(st.floats(0.0, 0.2)), frontend_s_per_token=data.draw(st.floats(0.0, 1e-4)),
+        cpu_step_s=data.draw(st.floats(0.0, 0.02)),
+        cpu_seq_s=data.draw(st.floats(0.0, 1e-3)), cpu_hidden_fraction=data.draw(st.floats(0.0, 1.0)))
+    requests = data.draw(streams())
+    _compare(requests, policy, cost, data.draw(knobs(policy)))
+
+
 @settings(max_examples=150)
 @given(data=st.data())
 def test_kernel_matches_reference_with_shared_prefixes(cost8b, data):

@@ -18,6 +18,7 @@ def run_batched(arrival, prompt, output, live, tok_off, req, times, coef, batch_
     A batch is dispatched when the server is free and either ``batch_size`` requests have arrived or the
     oldest has waited ``max_queue_delay_s`` (infinite for static), or the stream has ended. Its members are
     the oldest queued requests, as many as ``batch_size`` and the KV pool (padded reservation) allow.
+    ``arrival`` is when the server sees each request (sent + the serving term ``COEF_REQUEST_LATENCY_S``).
     """
     n_live = live.shape[0]
     steps = np.empty((1024, len(STEP_COLUMNS)))
@@ -54,7 +55,8 @@ def run_batched(arrival, prompt, output, live, tok_off, req, times, coef, batch_
         kv_used = b * blocks_for(p_max + o_max - 1, block_size)
         # Prefill: b rows of p_max tokens, padded rows cost what real rows cost.
         t = dispatch
-        dur, _g, _a, _c, _e, flops, nbytes, bound = step_cost(coef, b * p_max, b * p_max * p_max, 0.0)
+        dur, _g, _a, _c, _e, _l, _u, flops, nbytes, bound = step_cost(coef, b * p_max, b * p_max * p_max, 0.0, b,
+                                                                       b, False)
         steps = record_step(steps, n_steps, t, dur, b * p_max, 0, b, kv_used, bound, flops, nbytes, 0)
         if record:
             for k in range(head, end):
@@ -74,7 +76,8 @@ def run_batched(arrival, prompt, output, live, tok_off, req, times, coef, batch_
         # Decode: o_max - 1 steps of b rows; row contexts are p_max + s - 1 cached tokens.
         for s in range(1, o_max):
             ctx = p_max + s - 1
-            dur, _g, _a, _c, _e, flops, nbytes, bound = step_cost(coef, b, 2.0 * b * ctx, b * ctx)
+            dur, _g, _a, _c, _e, _l, _u, flops, nbytes, bound = step_cost(coef, b, 2.0 * b * ctx, b * ctx, b, b,
+                                                                           False)
             steps = record_step(steps, n_steps, t, dur, 0, b, b, kv_used, bound, flops, nbytes, 0)
             if record:
                 for k in range(head, end):

@@ -6,10 +6,12 @@ from numba import njit
 
 from .batched import run_batched
 from .iterations import run_iterations
+from .cost import serve_time
 from .layout import (POLICY_CHUNKED, POLICY_CONTINUOUS, POLICY_DYNAMIC, REJECT_BUDGET, REJECT_KV, REJECT_MODEL_LEN,
                      REQ_CACHED, REQ_COLUMNS, REQ_COMPUTED, REQ_OUTPUT, REQ_PADDED, REQ_PREEMPT, REQ_PREFIX_END,
                      REQ_PREFIX_START, REQ_PROMPT, REQ_RECOMPUTED, REQ_REJECT, REQ_TOK_OFF, RULE_CHUNKING, STATUS_OK,
-                     TIME_ARRIVAL, TIME_COLUMNS, TIME_FINISH, TIME_FIRST, TIME_RELEASE, TIME_SCHED, TIME_SENT)
+                     TIME_ARRIVAL, TIME_COLUMNS, TIME_FINISH, TIME_FIRST, TIME_RELEASE, TIME_SCHED, TIME_SEEN,
+                     TIME_SENT)
 from .records import blocks_for
 
 
@@ -64,7 +66,12 @@ def simulate_kernel(arrival, prompt, output, policy, coef, batch_size, max_queue
     status = STATUS_OK
     if policy <= POLICY_DYNAMIC:  # static or dynamic
         delay = max_queue_delay_s if policy == POLICY_DYNAMIC else np.inf
-        steps, sched = run_batched(arrival, prompt, output, live, tok_off, req, times, coef, batch_size, delay,
+        seen = arrival.copy()  # when the server sees each request (arrivals are in order)
+        free = -np.inf
+        for r in live:
+            seen[r], free = serve_time(free, arrival[r], prompt[r], coef)
+            times[r, TIME_SEEN] = seen[r]
+        steps, sched = run_batched(seen, prompt, output, live, tok_off, req, times, coef, batch_size, delay,
                                    usable_blocks, block_size, record, tok_times)
     else:
         status, steps, sched = run_iterations(live, req, times, tok_times, coef, policy == POLICY_CHUNKED, rules,

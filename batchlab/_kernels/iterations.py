@@ -14,7 +14,7 @@ import numpy as np
 from numba import njit
 
 from . import kvcache as kv
-from .cost import step_cost
+from .cost import serve_time, step_cost
 from .layout import (KIND_CACHED, KIND_DECODE, KIND_PREEMPT, KIND_PREFILL, REJECT_RECOMPUTE, REQ_CACHED, REQ_COMPUTED,
                      REQ_EMITTED, REQ_HIGH_WATER, REQ_LAST_HIT, REQ_LOST, REQ_OUTPUT, REQ_PREEMPT, REQ_PROMPT,
                      REQ_RECOMPUTED, REQ_REJECT, REQ_TOK_OFF, RULE_ASYNC, RULE_CHUNKING, RULE_PREFIX_CACHE,
@@ -23,7 +23,7 @@ from .layout import (KIND_CACHED, KIND_DECODE, KIND_PREEMPT, KIND_PREFILL, REJEC
                      SCHED_COLUMNS, ST_CACHED_BLOCKS, ST_FINISHED, ST_FREE_BLOCKS, ST_IN_FLIGHT, ST_NEXT, ST_PENDING,
                      ST_RUNNING, ST_SCHED, ST_SEATS, ST_SLOT_HEAD, ST_STEPS, ST_WAIT_HEAD, ST_WAIT_LEN, STATUS_OK,
                      STATUS_STUCK, STEP_COLUMNS, STEP_DURATION, STEP_START, TIME_ARRIVAL, TIME_FINISH, TIME_FIRST,
-                     TIME_RELEASE, TIME_SCHED, TIME_SENT, N_STATE)
+                     TIME_RELEASE, TIME_SCHED, TIME_SEEN, TIME_SENT, N_STATE)
 from .records import blocks_for, record_sched, record_step
 
 
@@ -59,22 +59,25 @@ def _free_slot(st, slot_times, t):
 
 
 @njit(cache=True)
-def _send_and_queue(st, times, live, wait, slot_times, view_s):
-    """Clients send requests (closed loop: at most ``len(slot_times)`` in flight, each sent when a slot frees)
-    and those sent by ``view_s`` join the back of the waiting queue. Returns when the next one is sent."""
+def _send_and_queue(st, times, live, wait, slot_times, view_s, req, coef, frontend):
+    """Clients send requests (closed loop: at most ``len(slot_times)`` in flight, each sent when a slot frees),
+    the API server passes them on (``serve_time``; ``frontend[0]``: when it is free), and those the engine sees
+    by ``view_s`` join the back of the waiting queue. Returns when the engine sees the next one."""
     n = wait.shape[0]
     n_live = live.shape[0]
     n_slots = slot_times.shape[0]
     while st[ST_NEXT] < n_live:
         r = live[st[ST_NEXT]]
-        if times[r, TIME_SENT] != times[r, TIME_SENT]:  # NaN: a closed-loop request waiting for a free client
-            if st[ST_IN_FLIGHT] == n_slots:
-                return np.inf
-            times[r, TIME_SENT] = max(times[r, TIME_ARRIVAL], slot_times[st[ST_SLOT_HEAD]])
-            st[ST_SLOT_HEAD] = (st[ST_SLOT_HEAD] + 1) % n_slots
-            st[ST_IN_FLIGHT] += 1
-        if times[r, TIME_SENT] > view_s:
-            return times[r, TIME_SENT]
+        if times[r, TIME_SEEN] != times[r, TIME_SEEN]:  # NaN: not through the API server yet
+            if times[r, TIME_SENT] != times[r, TIME_SENT]:  # NaN: a closed-loop request waiting for a client
+                if st[ST_IN_FLIGHT] == n_slots:
+                    return np.inf
+                times[r, TIME_SENT] = max(times[r, TIME_ARRIVAL], slot_times[st[ST_SLOT_HEAD]])
+                st[ST_SLOT_HEAD] = (st[ST_SLOT_HEAD] + 1) % n_slots
+                st[ST_IN_FLIGHT] += 1
+            times[r, TIME_SEEN], frontend[0] = serve_time(frontend[0], times[r, TIME_SENT], req[r, REQ_PROMPT], coef)
+        if times[r, TIME_SEEN] > view_s:
+            return times[r, TIME_SEEN]
         wait[(st[ST_WAIT_HEAD] + st[ST_WAIT_LEN]) % n] = r
         st[ST_WAIT_LEN] += 1
         st[ST_NEXT] += 1
@@ -304,12 +307,13 @@ def _run_scheduled(run, lo, hi, step_index, times, tok_times):
     A request that has computed every token it knows samples the next one; a row scheduled for no tokens
     (finished, held by async scheduling) is passed over. Emissions are stamped with the step's index (turned
     into times after the loop), so the step's duration is not needed here. Returns (prefill tokens, decode
-    sequences, attention work, cached tokens, first row that finished or -1).
+    sequences, attention work, cached tokens, rows that sampled a token, first row that finished or -1).
     """
     attn_work = 0.0
     cached = 0
     prefill_tokens = 0
     decode_seqs = 0
+    sampled = 0
     first_done = -1
     for k in range(lo, hi):
         c = run[k, RUN_TOK]
@@ -327,6 +331,7 @@ def _run_scheduled(run, lo, hi, step_index, times, tok_times):
         run[k, RUN_COMP] = p + c
         run[k, RUN_TOK] = 1  # Orca: after its first iteration a row only decodes (chunked resets it anyway)
         if p + c == known:
+            sampled += 1
             tok_times[run[k, RUN_TOKPOS]] = step_index
             run[k, RUN_TOKPOS] += 1
             run[k, RUN_EMIT] += 1
@@ -336,7 +341,7 @@ def _run_scheduled(run, lo, hi, step_index, times, tok_times):
                 times[run[k, RUN_REQ], TIME_FINISH] = step_index
                 if first_done < 0:
                     first_done = k
-    return prefill_tokens, decode_seqs, attn_work, cached, first_done
+    return prefill_tokens, decode_seqs, attn_work, cached, sampled, first_done
 
 
 @njit(cache=True)
@@ -423,6 +428,7 @@ def run_iterations(live, req, times, tok_times, coef, chunked, rules, max_num_se
     n_live = live.shape[0]
     caching = chunked and rules & RULE_PREFIX_CACHE != 0
     asynchronous = chunked and rules & RULE_ASYNC != 0
+    frontend = np.full(1, -np.inf)  # when the API server is free
     run = np.zeros((min(n, max_num_seqs) + 1, RUN_COLUMNS), np.int64)
     wait = np.empty(n, np.int64)  # waiting queue: a ring buffer, since preempted requests go back to its front
     skipped = np.empty(n, np.int64)
@@ -447,9 +453,9 @@ def run_iterations(live, req, times, tok_times, coef, chunked, rules, max_num_se
         view_s = last_start if asynchronous and busy else now
         next_sent = np.inf
         if st[ST_NEXT] < n_live:  # a call only when a client may send (every array argument costs a little)
-            next_sent = times[live[st[ST_NEXT]], TIME_SENT]
-            if max_concurrency > 0 or next_sent <= view_s:
-                next_sent = _send_and_queue(st, times, live, wait, slot_times, view_s)
+            next_sent = times[live[st[ST_NEXT]], TIME_SEEN]
+            if next_sent != next_sent or next_sent <= view_s:  # NaN: not sent or not through the API server yet
+                next_sent = _send_and_queue(st, times, live, wait, slot_times, view_s, req, coef, frontend)
         if st[ST_RUNNING] == 0 and st[ST_WAIT_LEN] == 0:
             if next_sent == np.inf:
                 return STATUS_STUCK, steps[:st[ST_STEPS]], sched[:st[ST_SCHED]]
@@ -505,10 +511,10 @@ def run_iterations(live, req, times, tok_times, coef, chunked, rules, max_num_se
                 sched = record_sched(sched, st[ST_SCHED], st[ST_STEPS], run[k, RUN_REQ], run[k, RUN_TOK],
                                      KIND_DECODE if _is_decode(run, k) else KIND_PREFILL)
                 st[ST_SCHED] += 1
-        prefill_tokens, decode_seqs, attn_work, cached, first_done = _run_scheduled(
+        prefill_tokens, decode_seqs, attn_work, cached, sampled, first_done = _run_scheduled(
             run, lo, hi, st[ST_STEPS], times, tok_times)
-        dur, _g, _a, _c, _e, flops, nbytes, bound = step_cost(coef, decode_seqs + prefill_tokens, attn_work,
-                                                              cached)
+        dur, _g, _a, _c, _e, _l, _u, flops, nbytes, bound = step_cost(
+            coef, decode_seqs + prefill_tokens, attn_work, cached, sampled, n_scheduled, asynchronous)
         steps = record_step(steps, st[ST_STEPS], now, dur, prefill_tokens, decode_seqs, st[ST_RUNNING],
                             usable_blocks - st[ST_FREE_BLOCKS], bound, flops, nbytes, st[ST_CACHED_BLOCKS])
         st[ST_STEPS] += 1

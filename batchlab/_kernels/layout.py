@@ -20,7 +20,15 @@ COEF_COMM_S_PER_TOKEN = 10  # seconds of all-reduce bandwidth per new token (0 a
 COEF_COMM_S_PER_STEP = 11  # seconds of all-reduce latency per step (0 at TP 1)
 COEF_ELEMENTWISE_BYTES_PER_TOKEN = 12  # activation bytes of norms, RoPE, SiLU-and-mul per token (0: no term)
 COEF_ETA_ELEMENTWISE = 13  # fraction of HBM bandwidth in the elementwise kernels
-N_COEF = 14
+COEF_LM_HEAD_FLOPS_PER_ROW = 14  # FLOP of the LM head per sampled row, 2 d V / t
+COEF_LM_HEAD_BYTES = 15  # bytes of LM-head weights streamed once in a step that samples, V d 2 / t
+COEF_REQUEST_LATENCY_S = 16  # seconds from a client sending a request to the engine seeing it (serving term)
+COEF_CPU_STEP_S = 17  # seconds of CPU work per step (serving term)
+COEF_CPU_SEQ_S = 18  # seconds of CPU work per scheduled sequence per step (serving term)
+COEF_CPU_HIDDEN = 19  # fraction of the step's CPU work async scheduling overlaps with the GPU (serving term)
+COEF_LM_HEAD_FLOP_RATE = 20  # FLOP/s the LM head achieves: BF16 (never quantised), eta_c F_bf16
+COEF_FRONTEND_S_PER_TOKEN = 21  # seconds the API server spends per prompt token, one request at a time (serving)
+N_COEF = 22
 
 # -- policies, step and schedule records, rejections -----------------------------------------------------------
 POLICIES = ("static", "dynamic", "continuous", "chunked")
@@ -79,8 +87,8 @@ N_STATE = 13
  REQ_COMPUTED, REQ_RECOMPUTED, REQ_PADDED, REQ_CACHED, REQ_LAST_HIT, REQ_PREFIX_START,
  REQ_PREFIX_END) = range(15)
 REQ_COLUMNS = 15  # int64: prompt, output, token offset, what the loop counts, the request's prefix ids' range
-TIME_ARRIVAL, TIME_SENT, TIME_FIRST, TIME_FINISH, TIME_SCHED, TIME_RELEASE = range(6)
-TIME_COLUMNS = 6  # float64, seconds (step indices for first and finish inside the iteration loop)
+TIME_ARRIVAL, TIME_SENT, TIME_FIRST, TIME_FINISH, TIME_SCHED, TIME_RELEASE, TIME_SEEN = range(7)
+TIME_COLUMNS = 7  # float64, seconds (step indices for first and finish inside the iteration loop)
 
 # -- the prefix cache -------------------------------------------------------------------------------------------
 NO_KEY = -(2**63)  # an empty hash-table slot or a physical block holding no cached key

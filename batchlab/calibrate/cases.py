@@ -66,9 +66,11 @@ def _work(cost: CostModel, gemm_tokens=0.0, attn_work=0.0, kv_tokens=0.0, elemen
     }
 
 
-def _spec(name, params, d_model, heads, kv_heads, head_dim, d_ff=0, vocab=0, layers=1) -> ModelSpec:
+def _spec(name, params, d_model, heads, kv_heads, head_dim, d_ff=0, layers=1) -> ModelSpec:
+    """One layer's (or one operator's) shape: no embedding table or LM head (vocab 0), so every parameter is in
+    the GEMMs."""
     return ModelSpec(name=name, params=int(params), layers=layers, d_model=int(d_model), heads=int(heads),
-                     kv_heads=int(kv_heads), head_dim=int(head_dim), d_ff=int(d_ff), vocab=int(vocab))
+                     kv_heads=int(kv_heads), head_dim=int(head_dim), d_ff=int(d_ff), vocab=0)
 
 
 def _ideal(model: ModelSpec, dtype="bf16", tp=1) -> CostModel:
@@ -108,7 +110,7 @@ def vidur_gemm_cases(key: str) -> pd.DataFrame:
             d, heads, kv_heads, head_dim, d_ff, gated, vocab, tp = shape
             params = (d * (heads + 2 * kv_heads) * head_dim + heads * head_dim * d
                       + (2 if gated else 1) * d * d_ff + d_ff * d)
-            cost = _ideal(_spec(name, params, d, heads, kv_heads, head_dim, d_ff, vocab), tp=tp)
+            cost = _ideal(_spec(name, params, d, heads, kv_heads, head_dim, d_ff), tp=tp)
             tokens = g["tokens"].to_numpy(dtype=np.float64)
             measured = sum(g[op].to_numpy() for op in VIDUR_GEMM_OPS) * 1e-3
             if name not in VIDUR_FIT_MODELS:

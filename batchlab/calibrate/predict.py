@@ -180,19 +180,32 @@ def load_llmservingsim(cost: CostModel, root=None, floors: KernelFloors = NO_FLO
     one layer's attention, and its two RMSNorms, RoPE and SiLU, with eager PyTorch's own efficiencies from
     ``own`` (``cost``'s when None), and again with ``cost``'s under the names of :data:`DIAGNOSTIC_SETS`.
     ``llmservingsim_step``: the whole forward pass (embedding, 32 layers of every op, final norm, LM head over
-    all tokens) against ``CostModel.prefill_time`` of Llama-3-8B with ``cost``'s efficiencies and overheads,
-    i.e. exactly what the simulator charges for that step, eager kernels or not.
+    all tokens) against what ``CostModel.prefill_time`` of Llama-3-8B charges for that step with the LM head
+    over every token, as the profile ran it, and eager PyTorch's attention and elementwise efficiencies from
+    ``own`` (``cost``'s when None).
     """
     key = source_key(root)
     ops = _with_prediction(c.llmservingsim_op_cases(key), cost, floors, own)
     forward = _llmservingsim_forward(key)
     step_cost = cost.replace(model=get_model(REFERENCE_MODEL), dtype="bf16", kv_dtype="bf16", tp=1)
+    if own is not None:  # the kernels the profile ran
+        step_cost = step_cost.replace(eta_attn=own.eager_eta_attn, eta_elementwise=own.eager_eta_elementwise)
     step = pd.DataFrame({
         "set": "llmservingsim_step", "split": "holdout_source", "op": "forward",
         "tokens": forward.index.to_numpy(dtype=np.float64), "measured_s": forward.to_numpy(),
-        "predicted_s": [step_cost.prefill_time(int(t)) for t in forward.index],
+        "predicted_s": [_eager_forward_s(step_cost, int(t)) for t in forward.index],
     })
     return pd.concat([ops, step], ignore_index=True)
+
+
+def _eager_forward_s(cost: CostModel, tokens: int) -> float:
+    """What ``cost`` charges for a prompt of ``tokens`` alone, with the LM head over every token, as the eager
+    profile ran it (vLLM runs it on the one row that samples; ``CostModel.prefill_time`` charges that)."""
+    rows = cost.step_breakdown(prefill_chunks=[(tokens, 0)])
+    m = cost.model
+    lm_all = max(2.0 * m.embedding_params * tokens / (cost.eta_compute * cost.hardware.peak_flops("bf16")),
+                 cost.lm_head_bytes / (cost.eta_memory * cost.hardware.hbm_bytes_per_s))
+    return rows.total_s - rows.lm_head_s + lm_all
 
 
 def load_allreduce(cost: CostModel, root=None) -> pd.DataFrame:
@@ -241,6 +254,6 @@ def evaluate(cost: CostModel, root=None, floors: KernelFloors = NO_FLOORS,
 
     ``floors`` are the per-kernel times the CostModel does not have and ``own`` the efficiencies of FP8 and
     eager kernels; pass ``Calibration.floors`` and ``Calibration.own`` to evaluate the per-operator sets the
-    way they were fitted. The ``llmservingsim_step`` set uses ``cost`` alone.
+    way they were fitted; the ``llmservingsim_step`` set takes eager PyTorch's efficiencies from ``own`` too.
     """
     return relative_errors(load_all(cost, root, floors, own))
