@@ -271,3 +271,47 @@ def test_replay_all_and_error_summary(runs):
     assert summary.loc[("s", "ttft"), "worst_abs_error"] == pytest.approx(0.3)
     assert summary.loc[("s", "ttft"), "worst_run_id"] == "b"
     assert summary.loc[("all", "ttft"), "runs"] == 2
+
+
+def test_closed_loop_clients_burst_then_keep_their_own_phase(runs):
+    """The first wave is one burst at 0; each client's second request goes out at its own phase, after the first
+    wave has finished (so no idle wait counts), and the phases spread over one cycle."""
+    row = runs.set_index("run_id").loc[SMALL_CLOSED]
+    c = int(row["concurrency"])
+    first_wave, cycle = 30.0, 8.0
+    requests, _ = validate.build_requests(SMALL_CLOSED, seed=3, first_wave_s=first_wave, cycle_s=cycle)
+    arrival = requests.arrival_s
+    assert (arrival[:c] == 0).all()
+    second = arrival[c:2 * c]
+    assert (np.diff(second) >= 0).all() and (second >= first_wave).all() and (second < first_wave + cycle).all()
+    assert np.ptp(second) > cycle / 4  # spread, not a second burst
+    assert (arrival[2 * c:] == second[-1]).all()
+    with pytest.raises(ValueError, match="cycle_s"):
+        validate.build_requests(SMALL_CLOSED, cycle_s=-1.0)
+    replay_module = importlib.import_module("batchlab.validate.replay")
+    first_wave_s, cycle_s = replay_module.client_timing(row, validate.cost_for(row))
+    result, _ = validate.simulate_run(SMALL_CLOSED)
+    r = result.requests
+    assert r["finish_s"].iloc[:c].max() < first_wave_s  # the margin holds: the first wave is done by then
+    assert (r["sent_s"].iloc[c:2 * c].to_numpy() >= first_wave_s).all() and cycle_s > 0
+
+
+def test_ablation_switches_each_mechanism_off(runs):
+    """Each mechanism off changes the predictions the way its physics says, on a small set of runs."""
+    from batchlab.validate import ablation
+
+    row = runs.set_index("run_id").loc[SMALL_CLOSED]
+    full = validate.cost_for(row)
+    assert ablation.cost_without(row, "serving terms").request_latency_s == 0 < full.request_latency_s
+    old = ablation.cost_without(row, "LM-head correction")  # every parameter streamed and multiplied per token
+    assert old.model.body_params == full.model.params and old.lm_head_bytes == 0
+    assert old.decode_step_time(4, 1000) > full.decode_step_time(4, 1000)
+    subset = runs[runs["run_id"].isin([SMALL_CLOSED, ROLEPLAY_7B])]
+    table = ablation.ablations(subset)
+    assert list(dict.fromkeys(table["mechanism"])) == list(ablation.MECHANISMS)
+    med = table.set_index(["mechanism", "metric"])["median_error"]
+    assert med[("serving terms", "ttft")] < med[("none", "ttft")]  # no request latency, no API server
+    caching = validate.replay_all(runs[runs["run_id"] == ROLEPLAY_7B], enable_prefix_caching=False)
+    with_cache = validate.replay_all(runs[runs["run_id"] == ROLEPLAY_7B])
+    ttft = lambda t: t.loc[t["metric"] == "ttft", "predicted_ms"].iloc[0]  # noqa: E731
+    assert ttft(caching) > ttft(with_cache)  # the roleplay prompts are cached after their first use

@@ -340,3 +340,72 @@ def published_chart(runs: pd.DataFrame, published: dict = PUBLISHED_VLLM_V060, w
         text = alt.Chart(ref.tail(1)).mark_text(align="right", dx=-8, dy=-10).encode(x=x, y=y, text="what:N")
         panels.append(alt.layer(sim, mark.encode(x=x, y=y), text).properties(width=width, height=height))
     return alt.hconcat(*panels)
+
+
+E2E_METRICS = {"ttft": "time to first token (ms)", "tpot": "time per output token (ms)",
+               "e2e": "end-to-end latency (ms)"}
+SET_COLORS = {"inference-perf": viz.PALETTE[0], "aiconfigurator": viz.PALETTE[1]}
+
+
+def e2e_parity_frame(table: pd.DataFrame, band: float = 0.15) -> pd.DataFrame:
+    """Every usable calibration run's predicted against measured value per metric, plus the lines y = x and
+    y = (1 +- ``band``) x per metric panel. ``table`` is :func:`batchlab.validate.replay_all`. Used in chapter 10.
+    """
+    used = table[table["representable"].astype(bool) & (table["status"] == "ok")]
+    points = used[["run_id", "metric", "set", "model", "hardware", "tp", "dtype", "measured_ms", "predicted_ms",
+                   "rel_error"]].assign(kind="run", line="")
+    rows = []
+    for metric, per in points.groupby("metric", sort=False):
+        lo = min(per["measured_ms"].min(), per["predicted_ms"].min()) / (1 + band)
+        hi = max(per["measured_ms"].max(), per["predicted_ms"].max()) * (1 + band)
+        for label, k in (("y = x", 1.0), (f"±{band:.0%}", 1 + band), (f"±{band:.0%}", 1 - band)):
+            rows.append({"metric": metric, "kind": label, "line": f"{label} {k}", "measured_ms": [lo, hi],
+                         "predicted_ms": [lo * k, hi * k]})
+    lines = pd.DataFrame(rows).explode(["measured_ms", "predicted_ms"]).astype(
+        {"measured_ms": float, "predicted_ms": float})
+    out = pd.concat([points, lines], ignore_index=True)
+    out["panel"] = out["metric"].map(E2E_METRICS)
+    for col in ("measured_ms", "predicted_ms", "rel_error"):
+        out[col] = [float(f"{v:.4g}") for v in out[col]]
+    return out
+
+
+def e2e_parity_chart(table: pd.DataFrame, band: float = 0.15, size: int = 230):
+    """Predicted against measured TTFT, TPOT and E2E of every end-to-end calibration run, log-log, one panel each,
+    coloured by set; dashed lines at ±``band``. Used in chapter 10."""
+    data = e2e_parity_frame(table, band)
+    axis = {"scale": alt.Scale(type="log", nice=False),
+            "axis": alt.Axis(labelExpr=viz.LOG125_LABEL, labelOverlap="greedy")}
+    x = alt.X("measured_ms:Q", title="measured (ms)", **axis)
+    y = alt.Y("predicted_ms:Q", title="predicted (ms)", **axis)
+    points = alt.Chart().transform_filter("datum.kind == 'run'").mark_circle(size=28, opacity=0.75).encode(
+        x=x, y=y, color=alt.Color("set:N", title=None, legend=alt.Legend(orient="top"),
+                                  scale=alt.Scale(domain=list(SET_COLORS), range=list(SET_COLORS.values()))),
+        tooltip=["run_id:N", "model:N", "hardware:N", "tp:Q", "dtype:N",
+                 alt.Tooltip("measured_ms:Q", format=".4~g"), alt.Tooltip("predicted_ms:Q", format=".4~g"),
+                 alt.Tooltip("rel_error:Q", format="+.1%", title="error")])
+    lines = alt.Chart().transform_filter("datum.kind != 'run'").mark_line(color="#555555", strokeWidth=1).encode(
+        x=x, y=y, detail="line:N", strokeDash=alt.StrokeDash("kind:N", title=None, legend=alt.Legend(orient="top"),
+                                                             scale=alt.Scale(range=[[1, 0], [4, 3]])))
+    panels = alt.layer(lines, points, data=data).properties(width=size, height=size)
+    return panels.facet(column=alt.Column("panel:N", title=None, sort=list(E2E_METRICS.values()))).resolve_scale(
+        x="independent", y="independent")
+
+
+def e2e_error_table(errors: pd.DataFrame) -> pd.DataFrame:
+    """:func:`batchlab.validate.error_summary` as the reader reads it: one row per set and metric, errors in %."""
+    out = errors.assign(metric=errors["metric"].map({"ttft": "TTFT", "tpot": "TPOT", "e2e": "E2E"}))
+    out = out.rename(columns={"set": "runs from", "runs": "runs", "median_abs_error": "median |error|",
+                              "worst_abs_error": "worst |error|", "median_error": "median error (signed)",
+                              "worst_run_id": "worst run"})
+    return out
+
+
+def ablation_table(ablations: pd.DataFrame) -> pd.DataFrame:
+    """Median |error| per metric (columns) with each mechanism off in turn (rows; "none" is the full model)."""
+    table = ablations.pivot(index="mechanism", columns="metric", values="median_abs_error")
+    table = table.reindex(index=list(dict.fromkeys(ablations["mechanism"])), columns=["ttft", "tpot", "e2e"])
+    table.columns = ["TTFT", "TPOT", "E2E"]
+    table.index = ["nothing (the full model)" if m == "none" else m for m in table.index]
+    table.index.name = "switched off"
+    return table

@@ -17,9 +17,9 @@ import pandas as pd
 
 from ..cost import CostModel
 from ..sim import simulate
-from .raw import OPEN_LOOP
+from .raw import CLOSED_LOOP, OPEN_LOOP
 from .runs import get_run, unrepresentable_reason
-from .setup import cost_for, knobs_with
+from .setup import cost_for, knobs_for, knobs_with
 from .streams import build_requests
 
 METRICS = ("ttft", "tpot", "e2e")
@@ -67,9 +67,23 @@ def simulate_run(run, cost=None, seed=0, **knob_overrides):
         Stage index of each request.
     """
     run = get_run(run)
-    requests, stages = build_requests(run, seed)
     cost = _cost(run, cost)
+    requests, stages = build_requests(run, seed, *client_timing(run, cost))
     return simulate(requests, cost=cost, **knobs_with(run, cost, **knob_overrides)), stages
+
+
+def client_timing(run: pd.Series, cost: CostModel) -> tuple[float, float]:
+    """Closed loop: (a time by which the first wave has surely finished, one request's cycle), seconds, from the
+    cost model: the cycle is a prompt's prefill alone, then ``osl - 1`` decode steps of ``concurrency``
+    sequences at the mean context; the first wave prefills every prompt at the token budget first, and gets
+    twice that, plus its cycle, as margin. (0, 0) for open-loop runs."""
+    if run["set"] != CLOSED_LOOP:
+        return 0.0, 0.0
+    isl, osl, clients = int(run["isl"]), int(run["osl"]), int(run["concurrency"])
+    cycle = cost.request_latency_s + cost.prefill_time(isl) + (osl - 1) * cost.decode_step_time(clients, isl + osl / 2)
+    budget = int(knobs_for(run)["max_num_batched_tokens"])
+    burst = np.ceil(clients * isl / budget) * cost.prefill_time(min(budget, clients * isl))
+    return float(2 * (burst + cycle)), float(cycle)
 
 
 def overload_signs(per_request: pd.DataFrame, mask: np.ndarray, rate_req_s: float) -> dict:

@@ -3,8 +3,13 @@
 Open loop (inference-perf): the ``shared_prefix`` data of ``num_groups`` x ``prompts_per_group`` distinct
 prompts (a group's system prompt, then a question), shuffled once and cycled for the whole run, every stage
 of an experiment in one stream; each stage sends int(rate x duration) requests. Closed loop (AIConfigurator):
-max(8 x concurrency, 200) identical requests, all ready at time 0; the simulator's ``max_concurrency`` keeps
-``concurrency`` of them in flight.
+max(8 x concurrency, 200) identical requests; the simulator's ``max_concurrency`` keeps ``concurrency`` of them
+in flight. The clients start together, so their first requests arrive as one burst (counted, as the benchmark
+counts it). Identical requests that finish together stay in lockstep in a deterministic simulator (every later
+wave is prefilled together and finishes together), which a measured server does not show: timing noise spreads
+its clients apart after the first request (measured TTFTs sit far below the lockstep's). So each client sends
+its second request at a seeded uniform phase within one request's cycle (``cycle_s``), after the first wave
+has surely finished (``first_wave_s``; the client's idle wait counts in no latency), and keeps that phase.
 """
 from __future__ import annotations
 
@@ -94,13 +99,17 @@ def _open_loop(run: pd.Series, rng) -> tuple[Requests, np.ndarray]:
     return Requests(arrival, lengths[chosen], output, [ids[i] for i in chosen], BLOCK_TOKENS), labels
 
 
-def _closed_loop(run: pd.Series) -> tuple[Requests, np.ndarray]:
-    n = int(run["n_requests"])
-    reqs = Requests(np.zeros(n), np.full(n, int(run["isl"])), np.full(n, int(run["osl"])))
+def _closed_loop(run: pd.Series, rng, first_wave_s: float, cycle_s: float) -> tuple[Requests, np.ndarray]:
+    n, clients = int(run["n_requests"]), int(run["concurrency"])
+    arrival = np.zeros(n)  # the first wave: every client at once
+    second = arrival[clients:2 * clients]
+    second[:] = first_wave_s + np.sort(rng.uniform(0.0, cycle_s, second.size))  # each client's phase from then on
+    arrival[2 * clients:] = second[-1] if second.size else 0.0  # sent when a client frees, after its phase
+    reqs = Requests(arrival, np.full(n, int(run["isl"])), np.full(n, int(run["osl"])))
     return reqs, np.zeros(n, np.int64)
 
 
-def build_requests(run, seed=0) -> tuple[Requests, np.ndarray]:
+def build_requests(run, seed=0, first_wave_s: float = 0.0, cycle_s: float = 0.0) -> tuple[Requests, np.ndarray]:
     """The request stream of one calibration run and the stage of each request.
 
     Parameters
@@ -108,15 +117,20 @@ def build_requests(run, seed=0) -> tuple[Requests, np.ndarray]:
     run : str or pandas.Series
         A run id of :func:`batchlab.validate.calibration_runs` or one of its rows.
     seed : int or numpy.random.Generator
-        Seeds the prompt order, the prompt lengths' shuffle and the send times (open loop; the closed loop
-        draws nothing).
+        Seeds the prompt order, the prompt lengths' shuffle and the send times (open loop), or the clients'
+        phases (closed loop).
+    first_wave_s, cycle_s : float
+        Closed loop: seconds by which the first wave has surely finished, and of one request's cycle (send to
+        answer), over which the clients' second requests are spread; both 0: every request ready at time 0
+        (lockstep).
 
     Returns
     -------
     requests : Requests
         Open loop: the whole experiment (every stage), with ``prefix_blocks`` of :data:`BLOCK_TOKENS` tokens and
         every output exactly ``output_len`` tokens (ignore_eos). Closed loop: ``n_requests`` requests of ``isl``
-        prompt and ``osl`` output tokens, all at time 0, no prefix ids (synthetic prompts share nothing).
+        prompt and ``osl`` output tokens, the first wave at 0 and the second spread over ``cycle_s`` from
+        ``first_wave_s``, no prefix ids (synthetic prompts share nothing).
     stages : numpy.ndarray
         Stage index of each request (int64; all 0 in the closed loop).
     """
@@ -124,6 +138,8 @@ def build_requests(run, seed=0) -> tuple[Requests, np.ndarray]:
     if run["set"] == OPEN_LOOP:
         return _open_loop(run, _rng(seed))
     if run["set"] == CLOSED_LOOP:
-        _rng(seed)  # validated all the same
-        return _closed_loop(run)
+        for name, value in (("first_wave_s", first_wave_s), ("cycle_s", cycle_s)):
+            if isinstance(value, bool) or not (isinstance(value, (int, float)) and 0 <= value < np.inf):
+                raise ValueError(f"{name} must be finite seconds >= 0, got {value!r}")
+        return _closed_loop(run, _rng(seed), float(first_wave_s), float(cycle_s))
     raise ValueError(f"run set must be {OPEN_LOOP!r} or {CLOSED_LOOP!r}, got {run['set']!r}")

@@ -27,8 +27,9 @@ def frames(cost8b):
 
 
 def test_kv_knee_closed_form(cost8b):
-    # P b_w / (l k): 8,030,261,248 params x 2 bytes over 1024 tokens x 131,072 bytes.
-    assert cost8b.kv_knee(1024) == pytest.approx(8_030_261_248 * 2 / (1024 * 131_072))
+    # W / (l k): the streamed weights (every parameter but the embedding table, 2 bytes each) over 1024 tokens
+    # x 131,072 bytes.
+    assert cost8b.kv_knee(1024) == pytest.approx((8_030_261_248 - 128_256 * 4096) * 2 / (1024 * 131_072))
     assert cost8b.kv_knee(0) == math.inf
     assert cost8b.kv_knee(512) == pytest.approx(2 * cost8b.kv_knee(1024))
     with pytest.raises(ValueError, match="context"):
@@ -57,7 +58,7 @@ def test_grid_shape_and_knees_match_the_cost_model(cost8b, grid):
         assert r.b_kv == cm.kv_knee(r.context)
         assert r.step_time_s == pytest.approx(cm.decode_step_time(r.knee, r.context))
     h100 = knees[(knees["hardware"] == "h100-sxm") & (knees["cost"] == "roofline")].set_index("context")["knee"]
-    assert h100[0] == pytest.approx(295.3, abs=0.05) and h100[1024] == pytest.approx(119.66, abs=0.01)
+    assert h100[0] == pytest.approx(295.3, abs=0.05) and h100[1024] == pytest.approx(111.83, abs=0.01)
     h200 = knees[(knees["hardware"] == "h200") & (knees["cost"] == "roofline")].set_index("context")["knee"]
     assert h200[0] == pytest.approx(989.4e12 * 2 / (2 * 4.8e12)) and h200[4096] == h100[4096]
 
