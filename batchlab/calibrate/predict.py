@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from .._kernels import COEF_COMM_S_PER_STEP, COEF_COMM_S_PER_TOKEN
-from ..cost import CostModel
+from ..cost import SERVING_FIELDS, CostModel
 from ..models import get_model
 from . import cases as c
 from .readers import HARDWARE, REFERENCE_MODEL, _llmservingsim_forward, source_key
@@ -201,6 +201,7 @@ def load_llmservingsim(cost: CostModel, root=None, floors: KernelFloors = NO_FLO
 def _eager_forward_s(cost: CostModel, tokens: int) -> float:
     """What ``cost`` charges for a prompt of ``tokens`` alone, with the LM head over every token, as the eager
     profile ran it (vLLM runs it on the one row that samples; ``CostModel.prefill_time`` charges that)."""
+    cost = cost.replace(**dict.fromkeys(SERVING_FIELDS, 0.0))  # GPU time only, as the profile timed it
     rows = cost.step_breakdown(prefill_chunks=[(tokens, 0)])
     m = cost.model
     lm_all = max(2.0 * m.embedding_params * tokens / (cost.eta_compute * cost.hardware.peak_flops("bf16")),

@@ -92,7 +92,7 @@ def _e2e_losses(runs: pd.DataFrame, terms: dict) -> tuple[list[float], pd.DataFr
 def kernel_error(terms: dict, root=None) -> float:
     """Median relative error of the per-operator FP8 GEMM set (every split) under ``terms``."""
     from .predict import load_gemm_kernels
-    from .shipped import shipped_floors, shipped_own_kernels
+    from .presets import shipped_floors, shipped_own_kernels
     from ..hardware import get_hardware
     from ..models import get_model
 

@@ -17,11 +17,10 @@ import pandas as pd
 
 from .._data import DATA_DIR, read_presets
 from .fit import Calibration, fit
-from .predict import KernelFloors, OwnKernels
+
 from .readers import MEASURED_ENV, TIMINGS_FILE, measured_dir
 from .serving import SERVING_TERMS, UNITS, ServingFit, fit_serving
 
-KERNELS_ONLY = ("eta_compute_fp8", "eta_memory_fp8", "allreduce_latency_s")  # refitted by the whole-server stage
 E2E_ERRORS_FILE = "calibration_e2e_errors.csv"
 E2E_NOTE = ("whole-server fit on every end-to-end calibration run (data/e2e_runs.csv, TTFT, TPOT and E2E) with the "
             "FP8 GEMM set; see batchlab.calibrate.serving and data/calibration_e2e_errors.csv")
@@ -88,23 +87,6 @@ def shipped_serving_terms() -> dict:
     if not all(k in values and values[k]["fitted_on"] == E2E_NOTE for k in SERVING_TERMS):
         return {}
     return {k: float(values[k]["value"]) for k in SERVING_TERMS}
-
-
-def shipped_floors() -> KernelFloors:
-    """The per-kernel floors of ``data/calibration.csv`` (seconds).
-
-    They are not CostModel fields, so the errors of the per-operator sets after calibration need them
-    alongside the CostModel's defaults.
-    """
-    values = read_presets("calibration.csv")
-    return KernelFloors(*(float(values[f"kernel_floor_{k}"]["value"]) for k in KernelFloors._fields))
-
-
-def shipped_own_kernels() -> OwnKernels:
-    """FP8's and eager PyTorch's efficiencies from ``data/calibration.csv``."""
-    values = read_presets("calibration.csv")
-    return OwnKernels(*(float(values[k + "_kernels_only" if k in KERNELS_ONLY else k]["value"])
-                        for k in OwnKernels._fields))
 
 
 def main(argv=None) -> int:
