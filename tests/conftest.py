@@ -24,6 +24,15 @@ def cost8b(h100):
 
 
 @pytest.fixture(scope="session")
+def engine8b(h100):
+    """``cost8b`` without the serving terms: the engine sees each request when it arrives and a step is GPU time
+    only, so hand-worked scheduling cases can be stated in whole steps."""
+    import batchlab as bl
+    from batchlab.cost import SERVING_FIELDS
+    return bl.CostModel(h100, bl.get_model("llama-3-8b"), **dict.fromkeys(SERVING_FIELDS, 0.0))
+
+
+@pytest.fixture(scope="session")
 def cost70b_fp8(h100):
     """Llama-3-70B with FP8 weights on one H100 SXM: the article's large model (chapters 05, 11)."""
     import batchlab as bl

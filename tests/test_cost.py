@@ -88,7 +88,7 @@ def test_breakdown_parts_add_up(cost8b):
 
 def test_mixed_step_matches_the_formula_by_hand(h100):
     c = bl.CostModel(h100, bl.get_model("llama-3-8b"), eta_compute=0.5, eta_memory=0.7, eta_attn=0.4,
-                     eta_elementwise=0.6, overhead_s=2e-3)
+                     eta_elementwise=0.6, overhead_s=2e-3, cpu_step_s=0.0, cpu_seq_s=0.0)
     m = c.model
     chunks, ctx = [(300, 700), (50, 0)], [1000, 3000, 20]
     T = 350 + 3

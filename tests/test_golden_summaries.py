@@ -10,6 +10,11 @@ added, and have no switch: ``long_prefill_token_threshold`` is ignored for a req
 off a prompt that does not fit the budget left stops admission. The ``chunked-threshold`` and
 ``chunked-unchunked`` entries were therefore rewritten when those rules landed (hand-worked cases in
 ``tests/test_vllm_rules.py`` pin both rules down).
+
+Rewritten whole for issue 11, on purpose: the cost model now charges the embedding as a lookup and the LM head
+on sampled rows only, and carries the fitted serving terms (API server, request latency, CPU per step), so every
+step time and latency moved. ``tests/test_cost.py`` pins the new closed forms and ``tests/test_sim_reference.py``
+the serving terms against the plain-Python reference.
 """
 from __future__ import annotations
 

@@ -16,6 +16,12 @@ for m in ("ttft", "tpot", "itl", "e2el"):
     KEYS |= {f"{s}_{m}_ms" for s in ("mean", "median", "p90", "p99")}
 
 
+@pytest.fixture(scope="module")
+def cost8b(engine8b):
+    """Hand-worked cases are stated in whole steps: the engine without the serving terms (conftest)."""
+    return engine8b
+
+
 def test_summary_keys_are_vllm_bench_names(cost8b):
     s = bl.simulate(bl.fixed(10, 100, 10), "chunked", cost8b).summary()
     assert set(s) == KEYS

@@ -5,6 +5,12 @@ import pytest
 import batchlab as bl
 
 
+@pytest.fixture(scope="module")
+def cost8b(engine8b):
+    """Hand-worked cases are stated in whole steps: the engine without the serving terms (conftest)."""
+    return engine8b
+
+
 def test_static_with_equal_lengths_has_no_padding(cost8b):
     r = bl.Requests(np.zeros(12), [500] * 12, [100] * 12)
     s = bl.simulate(r, "static", cost8b, batch_size=4).summary()

@@ -15,6 +15,12 @@ SYNC = {"async_scheduling": False}
 OFF = {"async_scheduling": False, "enable_prefix_caching": False, "scheduler_reserve_full_isl": False}
 
 
+@pytest.fixture(scope="module")
+def cost8b(engine8b):
+    """Hand-worked cases are stated in whole steps: the engine without the serving terms (conftest)."""
+    return engine8b
+
+
 def step(res, index: int) -> dict[int, int]:
     """Request -> tokens scheduled in iteration ``index``."""
     s = res.schedule
