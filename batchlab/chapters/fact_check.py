@@ -18,11 +18,12 @@ from ..sim import vllm_defaults
 from . import scenes
 
 
-def prefill_gap(cost, prompt_tokens: int, decoders: int = 0, context: int = 0) -> dict:
+def prefill_gap(cost, prompt_tokens: int, decoders: int = 0, context: int = 0, asynchronous: bool = False) -> dict:
     """The one iteration that prefills a whole ``prompt_tokens`` prompt beside ``decoders`` decodes at ``context``.
 
-    ``context`` is each decoder's cached tokens, as in the shared scene's admitting iteration. Used in
-    chapters 09 and 11.
+    ``context`` is each decoder's cached tokens, as in the shared scene's admitting iteration. The engine is the
+    synchronous one the scene runs (its CPU work all on the step) unless ``asynchronous``. Used in chapters 09
+    and 11.
 
     Returns
     -------
@@ -31,7 +32,7 @@ def prefill_gap(cost, prompt_tokens: int, decoders: int = 0, context: int = 0) -
         the dtype's peak FLOP/s the step runs at, flops / (step_s * peak)) and ``bound``.
     """
     ctx = [context] * decoders
-    br = cost.step_breakdown(prefill_chunks=[(prompt_tokens, 0)], decode_contexts=ctx)
+    br = cost.step_breakdown(prefill_chunks=[(prompt_tokens, 0)], decode_contexts=ctx, asynchronous=asynchronous)
     return {"step_s": br.total_s, "flops": br.flops, "mfu": br.flops / (br.total_s * cost.peak_flops),
             "bound": br.bound}
 

@@ -8,16 +8,23 @@ it is the number the others quote.
 
 How it is built. The decoders arrive at time 0 with one-token prompts, so every policy, and every token budget
 larger than the batch, admits all of them in the first iteration; they then decode in lockstep. The newcomer
-arrives at the end of the iteration in which each decoder emitted its ``context``-th token, so the next
-iteration, the first that can admit it, decodes every sequence at exactly ``context`` cached tokens: whatever
-the policy or the budget, the newcomer meets the same batch at the same moment. By default the batch is the
-one whose decode step at that context takes the article's 20 ms (:func:`default_decoders`).
+reaches the engine at the end of the iteration in which each decoder emitted its ``context``-th token, so the
+next iteration, the first that can admit it, decodes every sequence at exactly ``context`` cached tokens:
+whatever the policy or the budget, the newcomer meets the same batch at the same moment. By default the batch
+is the one whose decode step at that context takes the article's 20 ms (:func:`default_decoders`).
+
+Two clocks. Token times are the engine's (the cost model folds the whole client-server round trip into
+``request_latency_s``, paid between sending a request and the engine seeing it). The newcomer's client sends it
+``request_latency_s`` before the engine sees it: that send is its ``arrival_s``, as in every
+:class:`batchlab.SimResult`, and the zero of :func:`decoder_gaps`' time axis, and its ``ttft_s`` is the one
+its client measures, the request latency included. What the decoders see is anchored where the engine sees the
+newcomer (``SceneRun.seen_s``): the cadence is their gap that ends there, the spike their tallest gap after it.
 
 Two settings of ``policy="chunked"`` are the scene's own (:data:`CHUNKED_SCENE_KNOBS`, both overridable).
 It runs vLLM's synchronous scheduler (``async_scheduling=False``): with vLLM 0.33's default async scheduling
-the iteration after the arrival was planned before the newcomer came, so it would wait one more decode step
-(about 20 ms) under every budget, and Orca's ``continuous`` policy, which has no such delay, would no longer
-meet it at the same moment. And ``max_num_seqs`` is vLLM's default capped at the token budget, as a vLLM user
+the iteration after the newcomer reaches the engine was planned before it came, so it would wait one more
+decode step (about 20 ms) under every budget, and Orca's ``continuous`` policy, which has no such delay, would
+no longer meet it at the same moment. And ``max_num_seqs`` is vLLM's default capped at the token budget, as a vLLM user
 must cap it (vLLM refuses ``max_num_batched_tokens < max_num_seqs``).
 """
 from __future__ import annotations
@@ -45,11 +52,12 @@ _EPS_S = 1e-9  # token times are sums of step durations: one step's end is bit-e
 def default_decoders(cost, context: int = CONTEXT, cadence_s: float = CADENCE_S) -> int:
     """The scene's batch: the decode batch whose step at ``context`` cached tokens is closest to ``cadence_s``.
 
-    About 150 sequences for Llama-3-8B BF16 on an H100 SXM at 2,048 tokens and 20 ms (calibrated); raises
-    ``ValueError`` where no batch reaches the cadence (:meth:`batchlab.CostModel.batch_for_step_time`).
-    Used in chapters 05, 06, 09 and 11.
+    The step is the synchronous engine's, which the scene runs under every policy: it pays all of its CPU work,
+    as a cost model with ``cpu_hidden_fraction`` 0 charges it. 135 sequences for Llama-3-8B BF16 on an H100 SXM
+    at 2,048 tokens and 20 ms (calibrated); raises ``ValueError`` where no batch reaches the cadence
+    (:meth:`batchlab.CostModel.batch_for_step_time`). Used in chapters 05, 06, 09 and 11.
     """
-    return cost.batch_for_step_time(cadence_s, context)
+    return cost.replace(cpu_hidden_fraction=0.0).batch_for_step_time(cadence_s, context)
 
 
 def stream(arrival_s: float, *, n_decoders: int, decoder_output_tokens: int, prompt_tokens: int = PROMPT_TOKENS,
@@ -62,14 +70,14 @@ def stream(arrival_s: float, *, n_decoders: int, decoder_output_tokens: int, pro
     Parameters
     ----------
     arrival_s : float
-        When the newcomer arrives (s).
+        When the newcomer's client sends it (s).
     n_decoders, decoder_output_tokens : int
         Requests present at time 0 (one-token prompts, so any budget above ``n_decoders`` admits them all in
         the first iteration) and the output tokens each decodes.
     prompt_tokens, newcomer_output_tokens : int
         The newcomer's prompt and output tokens.
     behind_s : sequence of float
-        Arrival times (s, sorted, >= ``arrival_s``) of short requests queued behind the newcomer.
+        Arrival (send) times (s, sorted, >= ``arrival_s``) of short requests queued behind the newcomer.
     behind_tokens : int
         Prompt tokens of each short request; they output ``newcomer_output_tokens`` tokens.
     newcomer : bool
@@ -93,22 +101,28 @@ class SceneRun(NamedTuple):
     """One run of the scene, from :func:`run`."""
 
     res: object  # SimResult: decoders first, then the newcomer (if any), then the short requests
-    arrival_s: float  # when the newcomer arrived (s)
+    arrival_s: float  # s, when the newcomer's client sent it (its arrival_s in res.requests)
+    seen_s: float  # s, when the engine saw it: request_latency_s later, the end of the decoders' context-th step
     n_decoders: int
     context: int  # cached tokens of every decoder in the iteration that first can admit the newcomer
     measures: dict  # what the decoders and the newcomer saw (seconds; empty without the newcomer)
 
 
 def _prefill_steps(cost, policy: str, n_decoders: int, prompt_tokens: int, knobs: dict) -> int:
-    """An upper bound on the iterations the newcomer's prefill takes (its chunks, plus one for V0's order)."""
+    """An upper bound on the iterations from the newcomer's arrival to its first token: its chunks, plus one for
+    V0's order, plus one under async scheduling (the iteration after the arrival was planned without it).
+
+    A count of iterations, not of seconds: the decoders' outputs are counted in steps whatever each one costs.
+    """
     chunk = prompt_tokens
+    late = int(policy == "chunked" and bool(knobs.get("async_scheduling", True)))
     if policy == "chunked" and knobs.get("enable_chunked_prefill", True):
         budget = knobs.get("max_num_batched_tokens") or vllm_defaults(cost.hardware)["max_num_batched_tokens"]
         if budget <= n_decoders:
             raise ValueError(f"max_num_batched_tokens={budget} leaves no token for the prompt beside "
                              f"{n_decoders} decodes: it must exceed n_decoders")
         chunk = budget - n_decoders  # every iteration gives the decodes their token first
-    return math.ceil(prompt_tokens / chunk) + 1
+    return math.ceil(prompt_tokens / chunk) + 1 + late
 
 
 def run(cost, policy: str = "chunked", *, n_decoders: int | None = None, context: int = CONTEXT,
@@ -117,11 +131,12 @@ def run(cost, policy: str = "chunked", *, n_decoders: int | None = None, context
         **knobs) -> SceneRun:
     """Run the scene once: decoders at ``context`` tokens of KV cache, then the newcomer arrives.
 
-    A pilot run of the decoders alone gives the arrival: the end of the iteration in which each emitted its
-    ``context``-th token. The decoders stand for requests that have been running for a while, so they all join
-    the first iteration together: the API server's per-token time (``frontend_s_per_token``), which would spread
-    a burst of them over a few milliseconds, is left out of the scene; every other term of ``cost`` is kept.
-    Used in chapters 05, 06, 09 and 11.
+    A pilot run of the decoders alone gives the moment the engine must see the newcomer: the end of the
+    iteration in which each emitted its ``context``-th token. Its client sends it ``cost.request_latency_s``
+    earlier (the module docstring's two clocks). The decoders stand for requests that have been running for a
+    while, so they all join the first iteration together: the API server's per-token time
+    (``frontend_s_per_token``), which would spread a burst of them over a few milliseconds, is left out of the
+    scene; every other term of ``cost`` is kept. Used in chapters 05, 06, 09 and 11.
 
     Parameters
     ----------
@@ -134,7 +149,7 @@ def run(cost, policy: str = "chunked", *, n_decoders: int | None = None, context
     prompt_tokens, newcomer_output_tokens : int
         The newcomer's prompt and output tokens.
     behind_after_s : sequence of float
-        Seconds after the newcomer's arrival (sorted, >= 0) at which short requests arrive.
+        Seconds after the newcomer's arrival (its send, sorted, >= 0) at which short requests are sent.
     behind_tokens : int
         Their prompt tokens.
     newcomer : bool
@@ -151,6 +166,12 @@ def run(cost, policy: str = "chunked", *, n_decoders: int | None = None, context
     -------
     SceneRun
         With :func:`measures` of the run.
+
+    Raises
+    ------
+    ValueError
+        If the decoders do not all join the first iteration, or the newcomer can never be served (its prompt
+        and output need more KV blocks than the pool holds: raise ``gpu_memory_utilization``).
     """
     cost = cost.replace(frontend_s_per_token=0.0)  # the decoders join together (see above)
     n = default_decoders(cost, context) if n_decoders is None else int(n_decoders)
@@ -169,47 +190,54 @@ def run(cost, policy: str = "chunked", *, n_decoders: int | None = None, context
     if reached.min() != reached.max():
         raise ValueError("the decoders were not all admitted in the first iteration: raise max_num_seqs, "
                          "max_num_batched_tokens or the KV pool")
-    arrival = float(reached[0])
+    seen = float(reached[0])
+    arrival = seen - cost.request_latency_s
+    while arrival + cost.request_latency_s > seen:  # rounded up, the engine would see it one step late
+        arrival = float(np.nextafter(arrival, -np.inf))
     behind = arrival + np.asarray(behind_after_s, dtype=float)
     res = simulate(stream(arrival, behind_s=behind, newcomer=newcomer, **kw), policy, cost, **knobs)
-    return SceneRun(res, arrival, n, context, measures(res, arrival, n) if newcomer else {})
+    if newcomer and res.requests["rejected"].iloc[n]:
+        raise ValueError(f"the newcomer cannot be served: {res.requests['reject_reason'].iloc[n]}")
+    return SceneRun(res, arrival, seen, n, context, measures(res, seen, n) if newcomer else {})
 
 
-def measures(res, arrival_s: float, n_decoders: int) -> dict:
+def measures(res, seen_s: float, n_decoders: int) -> dict:
     """What the decoders and the newcomer (request ``n_decoders``) saw in one run of the scene.
 
-    Used in chapters 05, 06, 09 and 11 (through :func:`run`).
+    ``seen_s`` is when the engine saw the newcomer (:attr:`SceneRun.seen_s`). Used in chapters 05, 06, 09 and 11
+    (through :func:`run`).
 
     Returns
     -------
     dict
         ``itl_max_s``: the decoders' tallest gap between two tokens that spans part of the newcomer's prefill
-        (it ends after the arrival and starts before the newcomer's first token; later gaps grow only with
-        the decoders' context). ``ttft_s``: the newcomer's time to first token. ``cadence_s``: the decoders'
-        gap that ended at the arrival, one decode step. ``admit_step`` and ``admit_step_s``: index and
-        duration of the first iteration after the arrival that computed prompt tokens (the one right after the
-        arrival, unless async scheduling had already planned it). ``chunks``: iterations from the arrival to
-        the newcomer's first token that computed part of its prompt (or all of it). ``largest_chunk_tokens``:
-        prompt tokens of the largest of them.
+        (it ends after the engine saw the newcomer and starts before its first token; later gaps grow only with
+        the decoders' context). ``ttft_s``: the newcomer's time to first token as its client measures it, from
+        its send, so ``request_latency_s`` included. ``cadence_s``: the decoders' gap that ended when the
+        engine saw the newcomer, one decode step. ``admit_step`` and ``admit_step_s``: index and duration of
+        the first iteration after that which computed prompt tokens (the one right after it, unless async
+        scheduling had already planned it). ``chunks``: iterations from then to the newcomer's first token
+        that computed part of its prompt (or all of it). ``largest_chunk_tokens``: prompt tokens of the
+        largest of them.
     """
     req, steps = res.requests, res.steps
     if not (req["finish_s"].iloc[:n_decoders] > req["first_token_s"].iloc[n_decoders]).all():
         raise RuntimeError("a decoder finished before the newcomer's first token: raise tail_steps")
     ttft = float(req["ttft_s"].iloc[n_decoders])
-    first = arrival_s + ttft
+    first = float(req["first_token_s"].iloc[n_decoders])
     times = res.token_times[0]  # the decoders move in lockstep
     gaps = np.diff(times)
-    spans = (times[1:] > arrival_s + _EPS_S) & (times[:-1] < first - _EPS_S)
+    spans = (times[1:] > seen_s + _EPS_S) & (times[:-1] < first - _EPS_S)
     start = steps["start_s"].to_numpy()
-    during = steps[(start >= arrival_s - _EPS_S) & (start < first - _EPS_S) & (steps["prefill_tokens"] > 0)]
+    during = steps[(start >= seen_s - _EPS_S) & (start < first - _EPS_S) & (steps["prefill_tokens"] > 0)]
     return {"itl_max_s": float(gaps[spans].max()), "ttft_s": ttft,
-            "cadence_s": float(gaps[np.flatnonzero(times[1:] <= arrival_s + _EPS_S)[-1]]),
+            "cadence_s": float(gaps[np.flatnonzero(times[1:] <= seen_s + _EPS_S)[-1]]),
             "admit_step": int(during.index[0]), "admit_step_s": float(during["duration_s"].iloc[0]),
             "chunks": len(during), "largest_chunk_tokens": int(during["prefill_tokens"].max())}
 
 
 def decoder_gaps(scene: SceneRun, before_s: float | None = None, after_s: float | None = None) -> pd.DataFrame:
-    """The decoders' inter-token gaps around the arrival, one row per (emission time, gap) with how many had it.
+    """The decoders' inter-token gaps around the newcomer, one row per (emission time, gap) with how many had it.
 
     The decoders move in lockstep, so their gaps coincide and counting them keeps the frame small enough to
     inline in a page. Used in chapters 05 and 06.
@@ -218,14 +246,15 @@ def decoder_gaps(scene: SceneRun, before_s: float | None = None, after_s: float 
     ----------
     scene : SceneRun
     before_s : float, optional
-        Keep gaps ending at most this long before the arrival (s; default all of them).
+        Keep gaps ending at most this long before the newcomer's arrival (s; default all of them).
     after_s : float, optional
         Keep gaps ending at most this long after the newcomer's first token (s; default all of them).
 
     Returns
     -------
     DataFrame
-        ``time_s`` (emission of the later token minus the arrival, s), ``itl_s`` (s) and ``sequences``.
+        ``time_s`` (emission of the later token minus the newcomer's arrival, its client's send, s; the engine
+        sees it at ``request_latency_s``, its first token comes at ``ttft_s``), ``itl_s`` (s) and ``sequences``.
     """
     times = scene.res.token_times[:scene.n_decoders]
     df = pd.DataFrame({"time_s": np.concatenate([t[1:] for t in times]) - scene.arrival_s,
