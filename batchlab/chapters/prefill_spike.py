@@ -4,7 +4,7 @@ The scene is :mod:`batchlab.chapters.scenes`' (decoders at 2,048 tokens of KV ca
 arriving) under ``policy="continuous"``, Orca's scheduler, in two orders: the prompt computed beside every
 decoder's token (mixed step) or alone (vLLM V0's prefill-only step). Short requests arriving during the
 prefill, and the same stream without the long prompt, show who else waits. The chart draws the decoders' gaps
-around the arrival and the short requests' TTFT, with a select box per model and per order.
+around the long prompt's arrival and the short requests' TTFT, with a select box per model and per order.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ class Spike(NamedTuple):
     """One prefill-spike run, from :func:`prefill_spike`. Used in chapters 05 and 09."""
 
     itl: pd.DataFrame  # scenes.decoder_gaps: time_s since the long prompt arrived, itl_s, sequences
-    behind: pd.DataFrame  # short requests: arrival_s (after the long prompt), ttft_s with, ttft_baseline_s without it
+    behind: pd.DataFrame  # short requests: arrival_s (after the long prompt's), ttft_s with, ttft_baseline_s without
     summary: dict  # the numbers the page reads (seconds unless named otherwise)
     run: object  # SimResult with the long prompt
     baseline: object  # SimResult of the same stream without it
@@ -33,12 +33,15 @@ class Spike(NamedTuple):
 
 def prefill_spike(cost, *, n_decoders: int | None = None, context: int = scenes.CONTEXT,
                   prompt_tokens: int = scenes.PROMPT_TOKENS, n_behind: int = 6, behind_tokens: int = 256,
-                  prefill_only_steps: bool = False, lead_s: float = 0.2, tail_steps: int = 40, seed=0) -> Spike:
+                  prefill_only_steps: bool = False, lead_s: float = 0.2, tail_steps: int = 40, seed=0,
+                  **knobs) -> Spike:
     """The shared scene with the long prompt joining unchunked (policy ``continuous``). Used in chapters 05 and 09.
 
     ``n_behind`` short requests arrive at times drawn uniformly within ``cost.prefill_time(prompt_tokens)``
-    after the long prompt, so all of them arrive while it is being computed. The same stream without the
-    long prompt is the counterfactual for their TTFT. ``max_num_seqs`` and the KV pool are the GPU's own.
+    after the long prompt; the engine sees each of them, as the long prompt, ``cost.request_latency_s`` after
+    its arrival, so all of them reach it while the long prompt is being computed. The same stream without the
+    long prompt is the counterfactual for their TTFT. ``max_num_seqs`` and the KV pool are the GPU's own unless
+    ``knobs`` set them.
 
     Parameters
     ----------
@@ -56,6 +59,9 @@ def prefill_spike(cost, *, n_decoders: int | None = None, context: int = scenes.
         Decode steps every decoder has left after the long prompt's prefill.
     seed : int or numpy.random.Generator
         Draws the short requests' arrival times.
+    **knobs
+        Passed to :func:`batchlab.simulate` through :func:`batchlab.chapters.scenes.run`
+        (``gpu_memory_utilization``, ``num_kv_blocks``, ``max_num_seqs``, ...).
 
     Returns
     -------
@@ -69,7 +75,7 @@ def prefill_spike(cost, *, n_decoders: int | None = None, context: int = scenes.
     """
     behind = np.sort(_rng(seed).uniform(0.0, cost.prefill_time(prompt_tokens), n_behind))
     kw = dict(n_decoders=n_decoders, context=context, prompt_tokens=prompt_tokens, behind_after_s=behind,
-              behind_tokens=behind_tokens, tail_steps=tail_steps, prefill_only_steps=prefill_only_steps)
+              behind_tokens=behind_tokens, tail_steps=tail_steps, prefill_only_steps=prefill_only_steps, **knobs)
     scene = scenes.run(cost, "continuous", **kw)
     base = scenes.run(cost, "continuous", newcomer=False, **kw)
     n = scene.n_decoders
@@ -95,7 +101,9 @@ def spike_scenarios(scenarios: dict, orders: dict = SPIKE_ORDERS, **kw):
     Parameters
     ----------
     scenarios : dict
-        Label -> (CostModel, n_decoders); ``n_decoders`` None takes the scene's default batch.
+        Label -> (CostModel, n_decoders) or (CostModel, n_decoders, dict of :func:`prefill_spike` keywords for
+        this model alone, e.g. its ``gpu_memory_utilization``); ``n_decoders`` None takes the scene's default
+        batch.
     orders : dict
         Label -> ``prefill_only_steps``.
     **kw
@@ -114,8 +122,10 @@ def spike_scenarios(scenarios: dict, orders: dict = SPIKE_ORDERS, **kw):
     spikes : dict
         (model, order) -> Spike, for anything else a page reads.
     """
-    spikes = {(m, o): prefill_spike(cost, n_decoders=n, prefill_only_steps=v0, **kw)
-              for m, (cost, n) in scenarios.items() for o, v0 in orders.items()}
+    spikes = {}
+    for m, (cost, n, *own) in scenarios.items():
+        for o, v0 in orders.items():
+            spikes[m, o] = prefill_spike(cost, n_decoders=n, prefill_only_steps=v0, **{**kw, **(own[0] if own else {})})
     itl = pd.concat([s.itl.assign(model=m, order=o, itl_ms=s.itl["itl_s"] * 1e3) for (m, o), s in spikes.items()],
                     ignore_index=True)
     behind = pd.concat([s.behind.assign(model=m, order=o) for (m, o), s in spikes.items()], ignore_index=True)

@@ -23,22 +23,25 @@ def test_the_largest_gap_is_the_admitting_step(orca, cost8b):
     assert admit["prefill_tokens"] == 4000 and admit["decode_seqs"] == 32 and admit["bound"] == "compute"
     assert s["itl_max_s"] == pytest.approx(s["admit_step_s"], rel=1e-9)
     assert s["admit_step_s"] >= cost8b.prefill_time(4000) == s["prefill_s"]
-    assert s["ttft_s"] == pytest.approx(s["admit_step_s"], rel=1e-9)  # it arrived as the step began
+    # The engine saw it as the step began; its client sent it the request latency before.
+    assert s["ttft_s"] == pytest.approx(cost8b.request_latency_s + s["admit_step_s"], rel=1e-9)
     # Every decoder sees that gap exactly once, at the end of the admitting step.
     top = orca.itl[orca.itl["itl_s"] == orca.itl["itl_s"].max()]
     assert top["sequences"].tolist() == [32]
     end = admit["start_s"] + admit["duration_s"] - orca.run.requests["arrival_s"].iloc[32]
     assert top["time_s"].iloc[0] == pytest.approx(end)
-    # Before the long prompt the decoders run pure decode steps at the cost model's time.
-    assert s["cadence_s"] == pytest.approx(cost8b.decode_step_time(32, 1024 - 1), rel=1e-9)
+    # Before the long prompt the decoders run pure decode steps at the cost model's time (Orca's loop is
+    # synchronous: the step pays all of its CPU work).
+    assert s["cadence_s"] == pytest.approx(cost8b.decode_step_time(32, 1024 - 1, asynchronous=False), rel=1e-9)
     assert s["ideal_prefill_s"] == cost8b.ideal().prefill_time(4000) < s["prefill_s"]
 
 
-def test_timeline_keeps_the_lead_and_every_decoder(orca):
+def test_timeline_keeps_the_lead_and_every_decoder(orca, cost8b):
     gaps = orca.itl
     assert (gaps["time_s"] < 0).sum() >= 5 and gaps["time_s"].min() >= -0.2 and gaps["itl_s"].min() > 0
     assert (gaps["sequences"] == 32).all()  # lockstep: one row per iteration, every decoder in it
-    assert orca.run.requests["queue_s"].iloc[32] == 0  # the prompt arrives at a step's end
+    # The engine sees the prompt at a step's end and takes it in the next: it waits the request latency only.
+    assert orca.run.requests["queue_s"].iloc[32] == pytest.approx(cost8b.request_latency_s, abs=1e-12)
 
 
 def test_requests_behind_wait_for_the_prefill(orca):
@@ -51,17 +54,29 @@ def test_requests_behind_wait_for_the_prefill(orca):
     assert not orca.baseline.requests["prompt_tokens"].eq(4000).any()
 
 
-@pytest.mark.parametrize("n_decoders", [1, 2])
-def test_short_requests_wait_for_kv_only_when_the_pool_is_short(cost70b_fp8, n_decoders):
+def test_a_prompt_the_kv_pool_cannot_hold_is_an_error(cost70b_fp8):
+    # Llama-3-70B FP8 on one H100 at vLLM's default gpu_memory_utilization (0.92): 72.7 GB of weights (embedding
+    # and LM head in BF16) leave 452 usable blocks of 16 tokens, fewer than the 501 the 8,000-token prompt and
+    # its 16 output tokens need. vLLM would refuse to start with Llama-3's 8,192-token context.
+    assert cost70b_fp8.kv_pool_blocks() - 1 == 452
+    with pytest.raises(ValueError, match="cannot be served.*501 KV blocks"):
+        chapter.prefill_spike(cost70b_fp8, n_decoders=1, n_behind=0)
+
+
+@pytest.mark.parametrize("n_decoders, waits", [(2, 0), (3, 4)])
+def test_short_requests_wait_for_kv_only_when_the_pool_is_short(cost70b_fp8, n_decoders, waits):
     # Orca reserves prompt + output at admission: the short requests that fit in the blocks the decoders and the
-    # long prompt leave start as its prefill ends; the others wait for memory (70B FP8: one decoder leaves room
-    # for all six, two for five).
-    spike = chapter.prefill_spike(cost70b_fp8, n_decoders=n_decoders, n_behind=6, seed=0)
+    # long prompt leave start as its prefill ends; the others wait for memory (70B FP8 at gpu_memory_utilization
+    # 0.95, 941 usable blocks: two decoders leave room for all six, three for two).
+    spike = chapter.prefill_spike(cost70b_fp8, n_decoders=n_decoders, n_behind=6, seed=0,
+                                  gpu_memory_utilization=0.95)
     req = spike.run.requests
     blocks = -(-(req["prompt_tokens"] + req["output_tokens"]).to_numpy() // spike.run.knobs["block_size"])
     free = spike.run.knobs["num_kv_blocks"] - 1 - blocks[:n_decoders + 1].sum()
-    assert spike.summary["behind_kv_waits"] == max(0, 6 - free // blocks[-1]) == n_decoders - 1
-    assert spike.run.requests["queue_s"].iloc[n_decoders] == 0  # the long prompt itself never waits
+    assert spike.run.knobs["num_kv_blocks"] - 1 == 941
+    assert spike.summary["behind_kv_waits"] == max(0, 6 - free // blocks[-1]) == waits
+    # The long prompt itself never waits for memory, only for the request latency.
+    assert spike.run.requests["queue_s"].iloc[n_decoders] == pytest.approx(cost70b_fp8.request_latency_s, abs=1e-12)
 
 
 def test_v0_order_makes_the_gap_longer_and_no_decode_runs_with_the_prompt(cost8b, orca):
@@ -82,11 +97,11 @@ def test_spike_grows_with_the_prompt(cost8b):
 
 @pytest.fixture(scope="module")
 def frames(cost8b, cost70b_fp8):
-    return chapter.spike_scenarios({"8b": (cost8b, 16), "70b": (cost70b_fp8, 2)}, context=512, prompt_tokens=2000,
-                                   n_behind=3, tail_steps=5)
+    return chapter.spike_scenarios({"8b": (cost8b, 16), "70b": (cost70b_fp8, 2, {"gpu_memory_utilization": 0.95})},
+                                   context=512, prompt_tokens=2000, n_behind=3, tail_steps=5)
 
 
-def test_scenarios_frames(frames, cost70b_fp8):
+def test_scenarios_frames(frames, cost8b, cost70b_fp8):
     itl, behind, summary, spikes = frames
     assert len(summary) == 4 and set(spikes) == {(m, o) for m in ("8b", "70b") for o in chapter.SPIKE_ORDERS}
     assert set(behind["run"]) == {"with the long prompt", "without it"} and len(behind) == 4 * 3 * 2
@@ -96,7 +111,8 @@ def test_scenarios_frames(frames, cost70b_fp8):
         assert sub["itl_ms"].max() == pytest.approx(s.summary["itl_max_s"] * 1e3)
     row = summary.set_index(["model", "order"]).loc[("70b", "mixed step (Orca)")]
     assert row["itl_max_s"] > row["ideal_prefill_s"] >= cost70b_fp8.ideal().prefill_time(2000)
-    assert row["n_decoders"] == 2 and row["kv_pool_tokens"] > 0
+    assert row["n_decoders"] == 2 and row["kv_pool_tokens"] == 941 * 16  # its own gpu_memory_utilization, 0.95
+    assert spikes["8b", "mixed step (Orca)"].run.knobs["num_kv_blocks"] == cost8b.kv_pool_blocks()  # vLLM's 0.92
 
 
 def test_spike_chart(frames):
