@@ -2,7 +2,8 @@
 
 The scene is :mod:`batchlab.chapters.scenes`' (decoders at 2,048 tokens of KV cache, one 8,000-token prompt
 arriving) under ``policy="chunked"``, once per ``max_num_batched_tokens`` and once with chunking off.
-:func:`fit_chunk_hyperbola` fits (ITL_max - t_d)(TTFT - N alpha) = N alpha t_d to the chunked runs, and the chart
+:func:`fit_chunk_hyperbola` fits (ITL_max - t_d)(TTFT - L - N alpha) = N alpha t_d to the chunked runs (L the
+request latency every TTFT includes, known from the cost model), and the chart
 draws the trade with a budget slider, a chunking checkbox and the decoders' gaps at the chosen setting.
 """
 from __future__ import annotations
@@ -37,7 +38,7 @@ def chunk_budget_sweep(cost, max_num_batched_tokens, *, unchunked_max_num_batche
     unchunked_max_num_batched_tokens : int
         Budget of the unchunked run; must hold the prompt and the decodes, and be at least ``max_model_len``.
     window_s : float
-        Seconds of timeline kept before the arrival and after the newcomer's first token.
+        Seconds of timeline kept before the newcomer's arrival and after its first token.
     **scene
         Passed to :func:`batchlab.chapters.scenes.run` (``n_decoders``, ``context``, ``prompt_tokens``, ...).
 
@@ -45,10 +46,11 @@ def chunk_budget_sweep(cost, max_num_batched_tokens, *, unchunked_max_num_batche
     -------
     points : DataFrame
         One row per run: ``config`` ("chunked" or "unchunked"), ``max_num_batched_tokens``, ``log2_tokens``,
-        the scene's measures (:func:`batchlab.chapters.scenes.measures`, seconds) and ``arrival_s``.
+        the scene's measures (:func:`batchlab.chapters.scenes.measures`, seconds), ``arrival_s`` (the newcomer's
+        send) and ``seen_s`` (when the engine saw it).
     timeline : DataFrame
-        The decoders' gaps around the arrival (:func:`batchlab.chapters.scenes.decoder_gaps`) with
-        ``config``, ``max_num_batched_tokens`` and ``log2_tokens`` columns.
+        The decoders' gaps around the newcomer (:func:`batchlab.chapters.scenes.decoder_gaps`, time since its
+        arrival) with ``config``, ``max_num_batched_tokens`` and ``log2_tokens`` columns.
     """
     n = scene.get("n_decoders") or scenes.default_decoders(cost, scene.get("context", scenes.CONTEXT))
     need = scene.get("prompt_tokens", scenes.PROMPT_TOKENS) + n
@@ -61,25 +63,27 @@ def chunk_budget_sweep(cost, max_num_batched_tokens, *, unchunked_max_num_batche
     runs.append(("unchunked", int(unchunked_max_num_batched_tokens), off))
     points, lines = [], []
     for config, tokens, run in runs:
+        # Sliders walk powers of two in log2.
         label = {"config": config, "max_num_batched_tokens": tokens, "log2_tokens": float(np.log2(tokens))}
-        points.append({**label, **run.measures, "arrival_s": run.arrival_s})  # sliders walk powers of two in log2
+        points.append({**label, **run.measures, "arrival_s": run.arrival_s, "seen_s": run.seen_s})
         lines.append(scenes.decoder_gaps(run, window_s, window_s).assign(**label))
     return pd.DataFrame(points), pd.concat(lines, ignore_index=True)
 
 
 class HyperbolaFit(NamedTuple):
-    """(ITL_max - t_d)(TTFT - N alpha) = N alpha t_d, fitted to chunked-prefill runs. Used in chapter 06."""
+    """(ITL_max - t_d)(TTFT - L - N alpha) = N alpha t_d, fitted to chunked-prefill runs. Used in chapter 06."""
 
     alpha_s: float  # s per prompt token: the marginal prefill time
     t_d_s: float  # s: the decode step the chunks ride on
     prompt_tokens: int  # N
-    max_residual: float  # largest |N alpha / TTFT + t_d / ITL_max - 1| over the fitted points
+    max_residual: float  # largest |N alpha / (TTFT - L) + t_d / ITL_max - 1| over the fitted points
     max_ttft_error: float  # largest |TTFT from the hyperbola at a point's ITL_max / its TTFT - 1|
+    latency_s: float = 0.0  # L, s: the request latency every TTFT includes before the engine sees the prompt
 
     def ttft_s(self, itl_max_s):
-        """TTFT (s) the hyperbola gives for a worst ITL (s) above t_d."""
+        """TTFT (s) the hyperbola gives for a worst ITL (s) above t_d, the request latency included."""
         n_alpha = self.prompt_tokens * self.alpha_s
-        return n_alpha * np.asarray(itl_max_s) / (np.asarray(itl_max_s) - self.t_d_s)
+        return self.latency_s + n_alpha * np.asarray(itl_max_s) / (np.asarray(itl_max_s) - self.t_d_s)
 
     def curve(self, itl_lo_s: float, itl_hi_s: float, n: int = 60) -> pd.DataFrame:
         """``itl_max_s`` and ``ttft_s`` along the hyperbola, log-spaced ITLs from lo to hi (lo > t_d)."""
@@ -87,21 +91,26 @@ class HyperbolaFit(NamedTuple):
         return pd.DataFrame({"itl_max_s": itl, "ttft_s": self.ttft_s(itl)})
 
 
-def fit_chunk_hyperbola(itl_max_s, ttft_s, prompt_tokens: int) -> HyperbolaFit:
+def fit_chunk_hyperbola(itl_max_s, ttft_s, prompt_tokens: int, latency_s: float = 0.0) -> HyperbolaFit:
     """Least-squares fit of alpha and t_d to (ITL_max, TTFT) pairs (seconds) of one prompt of N tokens.
 
     With chunks of c tokens each step takes t_d + c alpha, so ITL_max = t_d + c alpha and
-    TTFT = (N / c)(t_d + c alpha). Then N alpha / TTFT + t_d / ITL_max = c alpha / step + t_d / step = 1 for
-    every c: an equation linear in (N alpha, t_d), solved by ordinary least squares over the points.
-    Used in chapter 06.
+    TTFT = L + (N / c)(t_d + c alpha), L the request latency (s, ``CostModel.request_latency_s``: the client
+    sends the prompt that long before the engine sees it). Then N alpha / (TTFT - L) + t_d / ITL_max =
+    c alpha / step + t_d / step = 1 for every c: an equation linear in (N alpha, t_d), solved by ordinary least
+    squares over the points. L is known, not fitted. Used in chapter 06.
     """
     u, v = np.asarray(itl_max_s, dtype=float), np.asarray(ttft_s, dtype=float)
-    if u.shape != v.shape or u.size < 2 or (u <= 0).any() or (v <= 0).any():
-        raise ValueError("need at least two positive (itl_max_s, ttft_s) pairs of one shape")
-    design = np.column_stack([1 / v, 1 / u])
+    if not (np.isfinite(latency_s) and latency_s >= 0):
+        raise ValueError(f"latency_s must be a finite number of seconds >= 0, got {latency_s!r}")
+    if u.shape != v.shape or u.size < 2 or (u <= 0).any() or (v <= latency_s).any():
+        raise ValueError("need at least two (itl_max_s, ttft_s) pairs of one shape, itl_max_s > 0 and "
+                         "ttft_s > latency_s")
+    design = np.column_stack([1 / (v - latency_s), 1 / u])
     (n_alpha, t_d), *_ = np.linalg.lstsq(design, np.ones(u.size), rcond=None)
     residual = float(np.abs(design @ np.array([n_alpha, t_d]) - 1).max())
-    fit = HyperbolaFit(float(n_alpha / prompt_tokens), float(t_d), int(prompt_tokens), residual, np.nan)
+    fit = HyperbolaFit(float(n_alpha / prompt_tokens), float(t_d), int(prompt_tokens), residual, np.nan,
+                       float(latency_s))
     return fit._replace(max_ttft_error=float(np.abs(fit.ttft_s(u) / v - 1).max()))
 
 
@@ -118,7 +127,7 @@ def chunking_chart(points: pd.DataFrame, timeline: pd.DataFrame, curve: pd.DataF
         ``log2_tokens`` (evenly spaced over the chunked rows), ``itl_max_s``, ``ttft_s`` (s).
     timeline : DataFrame
         Its timelines: ``config``, ``max_num_batched_tokens``, ``log2_tokens``, ``time_s`` (s since the
-        arrival), ``itl_s``.
+        newcomer's arrival, the clock its ``ttft_s`` is on), ``itl_s``.
     curve : DataFrame
         ``itl_max_s`` and ``ttft_s`` along the fitted hyperbola (``HyperbolaFit.curve``).
     max_num_batched_tokens : int

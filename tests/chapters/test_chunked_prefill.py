@@ -29,6 +29,22 @@ def test_hyperbola_fit_recovers_alpha_and_t_d_exactly():
     assert (np.diff(curve["ttft_s"]) < 0).all() and curve["itl_max_s"].iloc[0] == pytest.approx(0.02)
 
 
+def test_hyperbola_fit_takes_the_request_latency_as_known():
+    # The client's TTFT includes the request latency L before the engine sees the prompt: TTFT = L + (N / c) step.
+    alpha, t_d, n, latency = 25e-6, 0.018, 8000, 0.0064
+    c = np.array([128, 384, 896, 1920, 3968, 8000.0])
+    itl, ttft = t_d + c * alpha, latency + n / c * (t_d + c * alpha)
+    fit = chapter.fit_chunk_hyperbola(itl, ttft, n, latency_s=latency)
+    assert (fit.alpha_s, fit.t_d_s, fit.latency_s) == pytest.approx((alpha, t_d, latency), rel=1e-9)
+    assert fit.max_residual < 1e-9 and fit.max_ttft_error < 1e-9
+    assert fit.curve(0.02, 0.3)["ttft_s"].min() > latency + n * alpha  # the TTFT floor: L + N alpha
+    assert chapter.fit_chunk_hyperbola(itl, ttft, n).max_ttft_error > 1e-4  # leaving L out misfits
+    with pytest.raises(ValueError, match="latency_s"):
+        chapter.fit_chunk_hyperbola(itl, ttft, n, latency_s=-1.0)
+    with pytest.raises(ValueError, match="ttft_s > latency_s"):
+        chapter.fit_chunk_hyperbola(itl, ttft, n, latency_s=1.0)
+
+
 def test_hyperbola_fit_reports_its_misfit():
     alpha, t_d, n = 25e-6, 0.018, 8000
     c = np.array([128, 384, 896, 1920, 3968, 8000.0])
@@ -72,8 +88,12 @@ def test_chunking_off_is_orcas_unchunked_step(sweep, cost8b):
     off = points[points["config"] == "unchunked"].iloc[0]
     m = scenes.run(cost8b, "continuous", **SMALL).measures
     assert (off["itl_max_s"], off["ttft_s"]) == (m["itl_max_s"], m["ttft_s"])
-    step = cost8b.step_time(prefill_chunks=[(SMALL["prompt_tokens"], 0)], decode_contexts=[SMALL["context"]] * 16)
+    # The scene's synchronous engine: the step pays all of its CPU work.
+    step = cost8b.step_time(prefill_chunks=[(SMALL["prompt_tokens"], 0)], decode_contexts=[SMALL["context"]] * 16,
+                            asynchronous=False)
     assert off["itl_max_s"] == pytest.approx(step, rel=1e-9) and off["chunks"] == 1
+    assert off["ttft_s"] == pytest.approx(cost8b.request_latency_s + step, rel=1e-9)  # the client's TTFT
+    assert off["seen_s"] - off["arrival_s"] == pytest.approx(cost8b.request_latency_s, abs=1e-12)
     tl = timeline[timeline["config"] == "unchunked"]
     assert tl["time_s"].is_monotonic_increasing and tl["time_s"].min() >= -0.1
     assert tl["time_s"].max() <= off["ttft_s"] + 0.1 + 1e-9
