@@ -2,14 +2,21 @@
 
 :func:`policy_grid` runs the three at a few arrival rates (and dynamic batching at each max queue delay);
 the charts read latency against the queue delay (:func:`queue_delay_chart`) and against offered load
-(:func:`load_sweep_chart`).
+(:func:`load_sweep_chart`). :func:`engine_arrival_s` says when the engine sees each request, after the serving
+terms of the cost model (the API server's tokenising and the request latency), so that an idle GPU can be told
+apart from a request still on its way (:func:`idle_while_queued_fraction`).
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import altair as alt
+import numpy as np
 import pandas as pd
 
 from .. import viz
+from .._kernels import REJECT_RECOMPUTE
+from .._kernels.cost import serve_time
 from ..metrics import full_batch_fraction, idle_while_waiting_fraction
 from ..sim import simulate, vllm_defaults
 from ..workload import preset
@@ -18,6 +25,43 @@ LATENCY_COLUMNS = ("mean_e2el_ms", "p99_e2el_ms", "mean_ttft_ms", "p99_ttft_ms")
 POLICY_COLORS = {"static": "#D55E00", "dynamic": "#0072B2", "continuous": "#009E73", "chunked": "#CC79A7"}
 LATENCY_LABELS = {"mean_e2el_ms": "mean e2el", "p99_e2el_ms": "p99 e2el", "mean_ttft_ms": "mean ttft",
                   "p99_ttft_ms": "p99 ttft"}
+
+
+def engine_arrival_s(res) -> np.ndarray:
+    """When the engine sees each request of a run (s): the API server tokenises them one at a time, in order,
+    ``frontend_s_per_token`` per prompt token, then ``request_latency_s`` passes (the serving terms of
+    :class:`batchlab.CostModel`; the same ``serve_time`` the simulator runs). Used in chapters 02 and 03.
+
+    Parameters
+    ----------
+    res : SimResult
+
+    Returns
+    -------
+    ndarray
+        Seconds, one per request; NaN for a request rejected before the loop (it never reaches the engine).
+    """
+    req, code = res.requests, res.raw.reject_code
+    sent, prompt = req["sent_s"].to_numpy(), req["prompt_tokens"].to_numpy()
+    coef = res.cost.coefficients()
+    seen = np.full(len(req), np.nan)
+    free = -np.inf  # when the API server is free
+    for r in np.flatnonzero((code == 0) | (code == REJECT_RECOMPUTE)):  # those rejected later did enter the loop
+        seen[r], free = serve_time(free, sent[r], prompt[r], coef)
+    return seen
+
+
+def idle_while_queued_fraction(res) -> float:
+    """:func:`batchlab.metrics.idle_while_waiting_fraction` as the engine sees it: the GPU ran nothing although
+    a request had reached the engine (:func:`engine_arrival_s`) and was not yet scheduled.
+
+    The time a request spends on its way (tokenising, ``request_latency_s``) is left out: no scheduler can
+    run a request it has not seen. Dimensionless, over the run from the engine's first sight of a request to
+    the last finish. Used in chapter 02.
+    """
+    # idle_while_waiting_fraction reads only these two frames
+    seen = SimpleNamespace(requests=res.requests.assign(arrival_s=engine_arrival_s(res)), steps=res.steps)
+    return idle_while_waiting_fraction(seen)
 
 
 def policy_grid(cost, workload: str, n_requests: int, rates_req_s, *, batch_size: int = 32, delays_s=(), seed=0,
@@ -53,7 +97,9 @@ def policy_grid(cost, workload: str, n_requests: int, rates_req_s, *, batch_size
         One row per (rate, policy, delay): ``load`` (with a mapping), ``rate_req_s``, ``policy``,
         ``max_queue_delay_s`` (NaN except dynamic), :data:`LATENCY_COLUMNS` (ms), ``request_throughput``
         (req/s), ``output_throughput`` (tok/s), ``gpu_busy_fraction``, ``padding_fraction``,
-        :func:`~batchlab.metrics.idle_while_waiting_fraction` and :func:`~batchlab.metrics.full_batch_fraction`.
+        :func:`~batchlab.metrics.idle_while_waiting_fraction` (from each client's send),
+        :func:`idle_while_queued_fraction` (from the engine's sight of each request) and
+        :func:`~batchlab.metrics.full_batch_fraction`.
     """
     labelled = list(rates_req_s.items()) if hasattr(rates_req_s, "items") else [(None, r) for r in rates_req_s]
     runs = ([("static", float("nan"), {"batch_size": batch_size})]
@@ -70,6 +116,7 @@ def policy_grid(cost, workload: str, n_requests: int, rates_req_s, *, batch_size
             rows.append(row | {"rate_req_s": float(rate), "policy": policy, "max_queue_delay_s": delay}
                         | {k: summ[k] for k in columns}
                         | {"idle_while_waiting_fraction": idle_while_waiting_fraction(res),
+                           "idle_while_queued_fraction": idle_while_queued_fraction(res),
                            "full_batch_fraction": full_batch_fraction(res)})
     return pd.DataFrame(rows)
 

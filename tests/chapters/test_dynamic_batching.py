@@ -8,6 +8,7 @@ import pytest
 from spec_helpers import marks, titles, walk
 
 import batchlab as bl
+from batchlab.cost import SERVING_FIELDS
 from batchlab.chapters import dynamic_batching as chapter
 
 
@@ -18,12 +19,19 @@ def runs(cost8b):
 
 
 def test_ttft_grows_by_exactly_the_delay_when_every_request_is_alone(cost8b):
-    # Requests 100 s apart: each leaves alone when its timer fires, so its ttft is the delay plus one prefill.
+    # Requests 100 s apart: each leaves alone when its timer fires, so its ttft is the delay plus one prefill,
+    # after the serving terms: the API server tokenises the prompt, the request takes request_latency_s to reach
+    # the engine, and a lockstep step runs synchronously (its CPU work is not hidden).
     sparse = bl.Requests(np.arange(6) * 100.0, np.full(6, 300), np.full(6, 20))
-    ttft = [bl.simulate(sparse, "dynamic", cost8b, batch_size=4, max_queue_delay_s=d).summary()["mean_ttft_ms"]
-            for d in (0.0, 0.05, 0.2)]
+    runs = {d: bl.simulate(sparse, "dynamic", cost8b, batch_size=4, max_queue_delay_s=d) for d in (0.0, 0.05, 0.2)}
+    ttft = [res.summary()["mean_ttft_ms"] for res in runs.values()]
+    for d, res in runs.items():  # the timer starts when the engine sees the request
+        assert np.allclose(res.requests["scheduled_s"], chapter.engine_arrival_s(res) + d, rtol=0, atol=1e-12)
     assert ttft[1] - ttft[0] == pytest.approx(50.0) and ttft[2] - ttft[0] == pytest.approx(200.0)
-    assert ttft[0] == pytest.approx(cost8b.prefill_time(300) * 1e3, rel=0.05)
+    on_the_way = 300 * cost8b.frontend_s_per_token + cost8b.request_latency_s
+    prefill = cost8b.step_time([(300, 0)], asynchronous=False)
+    assert ttft[0] == pytest.approx((on_the_way + prefill) * 1e3, rel=1e-9)
+    assert prefill > cost8b.prefill_time(300)  # the synchronous step pays all its CPU work
 
 
 def test_policy_grid_shape_and_reference_cases(cost8b):
@@ -52,10 +60,53 @@ def test_dynamic_with_an_endless_timer_is_static(cost8b):
 
 def test_saturation_throughput_ordering(cost8b):
     cap = chapter.policy_grid(cost8b, "azure-conv-2023", 256, [np.inf], batch_size=32).set_index("policy")
-    assert (cap["idle_while_waiting_fraction"] == 0).all()
+    # Flat out, an iteration-level server never idles with a request in its queue; static waits for its
+    # first batch to get through the API server (see the closed form below).
+    assert (cap.loc[["continuous", "chunked"], "idle_while_queued_fraction"] == 0).all()
+    assert 0 < cap.loc["static", "idle_while_queued_fraction"] < cap.loc["static", "idle_while_waiting_fraction"]
     # Iteration-level batching serves several times what padded lockstep batches of 32 serve.
     assert cap.loc["continuous", "request_throughput"] > 3 * cap.loc["static", "request_throughput"]
     assert cap.loc["static", "padding_fraction"] > 0.5 and cap.loc["continuous", "padding_fraction"] == 0
+
+
+def test_saturation_idles_only_until_the_first_batch_reaches_the_engine(cost8b):
+    # Every request sent at 0: the API server passes them on one at a time, so the engine sees the k-th live
+    # request at request_latency_s + frontend_s_per_token x (its prompt and those before it). The first step
+    # starts when the first batch is in (k = 32 for static, 1 for the iteration-level policies), and the GPU
+    # never idles again: that wait is all the idle time with a request sent.
+    stream = bl.preset("azure-conv-2023", 256, rate_req_s=np.inf, seed=0)
+    knobs = bl.vllm_defaults(cost8b.hardware)
+    for policy, kw, k in [("static", {"batch_size": 32}, 32), ("continuous", knobs, 1), ("chunked", knobs, 1)]:
+        res = bl.simulate(stream, policy, cost8b, **kw)
+        live = res.requests[res.requests["reject_reason"] == ""]
+        first_batch_in = cost8b.request_latency_s + cost8b.frontend_s_per_token * live["prompt_tokens"].iloc[:k].sum()
+        start = res.steps["start_s"].to_numpy()
+        assert start[0] == pytest.approx(first_batch_in, rel=1e-12), policy
+        assert np.all(start[1:] == start[:-1] + res.steps["duration_s"].to_numpy()[:-1]), policy
+        duration = res.requests["finish_s"].max()
+        assert bl.metrics.idle_while_waiting_fraction(res) * duration == pytest.approx(start[0], rel=1e-9), policy
+        seen = chapter.engine_arrival_s(res)
+        assert np.isnan(seen[res.requests["reject_reason"] != ""]).all()
+        assert np.sort(seen[live.index])[k - 1] == pytest.approx(start[0], rel=1e-12), policy
+
+
+def test_idle_while_queued_leaves_out_the_way_to_the_engine(cost8b):
+    # Counted from each client's send, even an iteration-level server idles while a request is on its way;
+    # counted from when the engine sees it, never. Dynamic batching idles at most one timer per batch then.
+    stream = bl.synthetic(200, 256, 64, prompt_cv=0.5, output_cv=1.0, rate_req_s=2.0, seed=1)
+    for policy in ("continuous", "chunked"):
+        res = bl.simulate(stream, policy, cost8b)
+        assert bl.metrics.idle_while_waiting_fraction(res) > 0 and chapter.idle_while_queued_fraction(res) == 0
+    delay = 0.2
+    res = bl.simulate(stream, "dynamic", cost8b, batch_size=8, max_queue_delay_s=delay)
+    batches = int((res.steps["prefill_tokens"] > 0).sum())
+    duration = res.requests["finish_s"].max() - np.nanmin(chapter.engine_arrival_s(res))
+    assert 0 < chapter.idle_while_queued_fraction(res) * duration <= batches * delay + 1e-9
+    # Without the serving terms the engine sees each request when it is sent: the two measures agree.
+    engine = cost8b.replace(**dict.fromkeys(SERVING_FIELDS, 0.0))
+    bare = bl.simulate(stream, "dynamic", engine, batch_size=8, max_queue_delay_s=delay)
+    assert np.array_equal(chapter.engine_arrival_s(bare), stream.arrival_s)
+    assert chapter.idle_while_queued_fraction(bare) == bl.metrics.idle_while_waiting_fraction(bare)
 
 
 def test_latency_frame_is_one_row_per_run_and_metric(runs):
