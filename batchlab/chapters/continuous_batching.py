@@ -55,9 +55,9 @@ def timeline_summary(runs: dict) -> pd.DataFrame:
     -------
     DataFrame
         ``policy``, ``last_finish_s`` (s, the last request's last token), ``mean_e2el_s`` and ``mean_ttft_s``
-        (s), ``mean_generating`` (rows producing a token, averaged over the time from the first arrival to
-        the last finish, idle time counting as zero), ``held_share`` (share of occupied slot-time held by
-        rows that had already finished) and ``iterations``.
+        (s), ``mean_generating`` (rows producing a token, averaged over the time from the first arrival, a
+        client's send, to the last finish, idle time counting as zero, the way to the engine included),
+        ``held_share`` (share of occupied slot-time held by rows that had already finished) and ``iterations``.
     """
     rows = []
     for policy, res in runs.items():

@@ -43,10 +43,18 @@ def test_held_share_closed_form(cost8b):
     res = bl.simulate(two, "static", cost8b, batch_size=2)
     d = res.steps["duration_s"].to_numpy()
     assert d.size == 3
+    # Lockstep steps run synchronously, the finished row still computed: prefill of both, then two decodes.
+    assert d == pytest.approx([cost8b.step_time([(64, 0), (64, 0)], asynchronous=False),
+                               cost8b.decode_step_time(2, 64, asynchronous=False),
+                               cost8b.decode_step_time(2, 65, asynchronous=False)], rel=1e-12)
+    # The batch leaves when the engine sees the second request: both sent at 0, tokenised one after the other.
+    start = cost8b.request_latency_s + 2 * 64 * cost8b.frontend_s_per_token
+    assert res.steps["start_s"].iloc[0] == pytest.approx(start, rel=1e-12)
     row = chapter.timeline_summary({"static": res}).iloc[0]
     assert row["held_share"] == pytest.approx((d[1] + d[2]) / (2 * d.sum()))
-    assert row["mean_generating"] == pytest.approx((2 * d[0] + d[1] + d[2]) / d.sum())
-    assert row["last_finish_s"] == pytest.approx(d.sum()) and row["iterations"] == 3
+    # Averaged from the first send, so the wait for the engine counts as time with nothing generating.
+    assert row["mean_generating"] == pytest.approx((2 * d[0] + d[1] + d[2]) / (start + d.sum()))
+    assert row["last_finish_s"] == pytest.approx(start + d.sum()) and row["iterations"] == 3
     # Equal outputs: nobody is ever held.
     same = bl.Requests(np.zeros(4), np.full(4, 64), np.full(4, 5))
     assert chapter.timeline_summary({"s": bl.simulate(same, "static", cost8b, batch_size=2)})["held_share"][0] == 0
