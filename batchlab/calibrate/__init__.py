@@ -73,7 +73,7 @@ from .predict import (DIAGNOSTIC_SETS, ETA_FIELDS, NO_FLOORS, START, KernelFloor
 from .readers import (COLUMNS, HARDWARE, MEASURED_ENV, REFERENCE_MODEL, TIMINGS_FILE, llmservingsim_forward_s,
                       llmservingsim_layers, measured_dir, measured_timings, read_raw, write_timings)
 from .serving import SERVING_TERMS, ServingFit, fit_serving
-from .presets import shipped_floors, shipped_own_kernels
+from .presets import shipped_floors, shipped_kernels_only, shipped_own_kernels
 from .shipped import FIT_NOTES, main, parameter_table, serving_table, shipped_serving_terms
 
 __all__ = [
@@ -84,5 +84,5 @@ __all__ = [
     "load_vidur_gemm", "load_vidur_elementwise", "load_gemm_kernels", "load_decode_attention",
     "load_prefill_attention", "load_llmservingsim", "load_allreduce", "load_all", "relative_errors", "evaluate",
     "cost_etas", "fit", "fit_eager", "parameter_table", "shipped_floors", "shipped_own_kernels", "main",
-    "SERVING_TERMS", "ServingFit", "fit_serving", "serving_table", "shipped_serving_terms",
+    "SERVING_TERMS", "ServingFit", "fit_serving", "serving_table", "shipped_serving_terms", "shipped_kernels_only",
 ]

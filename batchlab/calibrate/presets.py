@@ -22,3 +22,10 @@ def shipped_own_kernels() -> OwnKernels:
     values = read_presets("calibration.csv")
     return OwnKernels(*(float(values[k + "_kernels_only" if k in KERNELS_ONLY else k]["value"])
                         for k in OwnKernels._fields))
+
+
+def shipped_kernels_only() -> dict:
+    """The per-operator stage's FP8 efficiencies and all-reduce latency (``*_kernels_only`` rows), by the CostModel
+    field they were fitted for; the whole-server stage refits the CostModel's own."""
+    values = read_presets("calibration.csv")
+    return {k: float(values[k + "_kernels_only"]["value"]) for k in KERNELS_ONLY}

@@ -53,7 +53,8 @@ def validation_frames(before, after, floors=None, own=None, root=None):
     ----------
     before, after : CostModel
         H100 SXM cost models: DESIGN's starting efficiencies (``cost.replace(**calibrate.START)``) and the
-        calibrated defaults. Their model and TP are replaced by each measured case's own.
+        calibrated defaults. Their model and TP are replaced by each measured case's own; ``after``'s all-reduce
+        latency by the per-operator stage's (:func:`batchlab.calibrate.shipped_kernels_only`).
     floors : KernelFloors, optional
         Seconds per kernel added to the per-operator sets after calibration (default
         :func:`batchlab.calibrate.shipped_floors`); the "before" predictions have none, as in
@@ -78,6 +79,8 @@ def validation_frames(before, after, floors=None, own=None, root=None):
     """
     floors = calibrate.shipped_floors() if floors is None else floors
     own = calibrate.shipped_own_kernels() if own is None else own
+    # The per-operator stage's all-reduce latency (NCCL's), not the whole-server refit the CostModel carries.
+    after = after.replace(allreduce_latency_s=calibrate.shipped_kernels_only()["allreduce_latency_s"])
     stages = {"before": calibrate.load_all(before, root), "after": calibrate.load_all(after, root, floors, own)}
     tables, frames = [], []
     for stage, frame in stages.items():

@@ -9,8 +9,10 @@ measured against predicted TTFT, TPOT and E2E (issue 11, item 4; notebook 10 sho
 Modules: :mod:`~batchlab.validate.raw` (the raw files and the compact table), :mod:`~batchlab.validate.runs`
 (the table and which runs can be replayed), :mod:`~batchlab.validate.streams` (request streams),
 :mod:`~batchlab.validate.setup` (cost model and knobs per run), :mod:`~batchlab.validate.replay` (one run) and
-:mod:`~batchlab.validate.tables` (every run, and the error summary).
+:mod:`~batchlab.validate.tables` (every run, and the error summary) and :mod:`~batchlab.validate.ablation` (each
+mechanism switched off in turn).
 """
+from .ablation import MECHANISMS, ablations, cost_without
 from .raw import E2E_ENV, RUNS_FILE, e2e_dir, read_raw
 from .replay import METRICS, overload_signs, replay, simulate_run
 from .runs import NOT_IN_DATA, calibration_runs, get_run, unrepresentable_reason
@@ -21,5 +23,5 @@ from .tables import error_summary, replay_all
 __all__ = [
     "E2E_ENV", "RUNS_FILE", "e2e_dir", "read_raw", "METRICS", "overload_signs", "replay", "simulate_run",
     "NOT_IN_DATA", "calibration_runs", "get_run", "unrepresentable_reason", "cost_for", "knobs_for",
-    "knobs_with", "build_requests", "error_summary", "replay_all",
+    "knobs_with", "build_requests", "error_summary", "replay_all", "MECHANISMS", "ablations", "cost_without",
 ]

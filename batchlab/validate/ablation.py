@@ -9,20 +9,13 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .._data import read_presets
+from ..calibrate.presets import shipped_kernels_only
 from ..cost import SERVING_FIELDS, CostModel
 from .setup import cost_for
 from .tables import error_summary, replay_all
 
-KERNEL_ONLY = {"eta_compute_fp8": "eta_compute_fp8_kernels_only", "eta_memory_fp8": "eta_memory_fp8_kernels_only",
-               "allreduce_latency_s": "allreduce_latency_s_kernels_only"}  # field -> row of data/calibration.csv
 MECHANISMS = ("none", "prefix caching", "async scheduling", "serving terms", "LM-head correction", "FP8 and "
               "all-reduce re-fit")
-
-
-def _kernel_only_values() -> dict:
-    values = read_presets("calibration.csv")
-    return {field: float(values[row]["value"]) for field, row in KERNEL_ONLY.items()}
 
 
 def cost_without(run, mechanism: str) -> CostModel:
@@ -33,7 +26,7 @@ def cost_without(run, mechanism: str) -> CostModel:
     if mechanism == "LM-head correction":  # vocab 0: every parameter in the per-token GEMMs, no separate LM head
         return cost.replace(model=cost.model._replace(vocab=0))
     if mechanism == "FP8 and all-reduce re-fit":
-        old = _kernel_only_values()
+        old = shipped_kernels_only()
         fields = {"allreduce_latency_s": old["allreduce_latency_s"]}
         if cost.dtype == "fp8":
             fields.update(eta_compute=old["eta_compute_fp8"], eta_memory=old["eta_memory_fp8"])
