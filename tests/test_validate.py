@@ -315,3 +315,17 @@ def test_ablation_switches_each_mechanism_off(runs):
     with_cache = validate.replay_all(runs[runs["run_id"] == ROLEPLAY_7B])
     ttft = lambda t: t.loc[t["metric"] == "ttft", "predicted_ms"].iloc[0]  # noqa: E731
     assert ttft(caching) > ttft(with_cache)  # the roleplay prompts are cached after their first use
+
+
+def test_closed_loop_later_requests_go_out_the_moment_a_client_frees(runs):
+    """After the second wave no client waits for anything but its own answer: every later request is sent at the
+    finish of an earlier one (the phases are spread over less than any request's cycle, so none gates another)."""
+    for run_id in (SMALL_CLOSED, runs[runs["set"] == "aiconfigurator"].sort_values("concurrency")["run_id"].iloc[-1]):
+        row = runs.set_index("run_id").loc[run_id]
+        c = int(row["concurrency"])
+        result, _ = validate.simulate_run(run_id)
+        r = result.requests
+        finishes = np.sort(r["finish_s"].to_numpy())
+        later = r["sent_s"].to_numpy()[2 * c:]
+        nearest = finishes[np.clip(np.searchsorted(finishes, later), 0, finishes.size - 1)]
+        assert np.allclose(later, nearest, rtol=0, atol=1e-9), run_id

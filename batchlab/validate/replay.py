@@ -73,17 +73,22 @@ def simulate_run(run, cost=None, seed=0, **knob_overrides):
 
 
 def client_timing(run: pd.Series, cost: CostModel) -> tuple[float, float]:
-    """Closed loop: (a time by which the first wave has surely finished, one request's cycle), seconds, from the
-    cost model: the cycle is a prompt's prefill alone, then ``osl - 1`` decode steps of ``concurrency``
-    sequences at the mean context; the first wave prefills every prompt at the token budget first, and gets
-    twice that, plus its cycle, as margin. (0, 0) for open-loop runs."""
+    """Closed loop: (a time by which the first wave has surely finished, the spread of the clients' phases),
+    seconds, from the cost model. (0, 0) for open-loop runs.
+
+    The spread is the least one request can take (alone: its prefill, then ``osl - 1`` decode steps of one
+    sequence): spread wider than a request's shortest cycle, a client whose second request finished early would
+    wait for the last phase to send its third, and the waves would line up again. The first wave prefills every
+    prompt at the token budget first, then decodes at the run's concurrency; twice that is the margin.
+    """
     if run["set"] != CLOSED_LOOP:
         return 0.0, 0.0
     isl, osl, clients = int(run["isl"]), int(run["osl"]), int(run["concurrency"])
-    cycle = cost.request_latency_s + cost.prefill_time(isl) + (osl - 1) * cost.decode_step_time(clients, isl + osl / 2)
+    least = cost.request_latency_s + cost.prefill_time(isl) + (osl - 1) * cost.decode_step_time(1, isl + osl / 2)
+    loaded = (osl - 1) * cost.decode_step_time(clients, isl + osl / 2)
     budget = int(knobs_for(run)["max_num_batched_tokens"])
     burst = np.ceil(clients * isl / budget) * cost.prefill_time(min(budget, clients * isl))
-    return float(2 * (burst + cycle)), float(cycle)
+    return float(2 * (burst + loaded + least)), float(least)
 
 
 def overload_signs(per_request: pd.DataFrame, mask: np.ndarray, rate_req_s: float) -> dict:

@@ -8,8 +8,9 @@ in flight. The clients start together, so their first requests arrive as one bur
 counts it). Identical requests that finish together stay in lockstep in a deterministic simulator (every later
 wave is prefilled together and finishes together), which a measured server does not show: timing noise spreads
 its clients apart after the first request (measured TTFTs sit far below the lockstep's). So each client sends
-its second request at a seeded uniform phase within one request's cycle (``cycle_s``), after the first wave
-has surely finished (``first_wave_s``; the client's idle wait counts in no latency), and keeps that phase.
+its second request at a seeded uniform phase within ``cycle_s`` (the shortest a request can take, so that no
+client waits for another's phase later), after the first wave has surely finished (``first_wave_s``; the
+client's idle wait counts in no latency), and keeps that phase.
 """
 from __future__ import annotations
 
@@ -120,9 +121,9 @@ def build_requests(run, seed=0, first_wave_s: float = 0.0, cycle_s: float = 0.0)
         Seeds the prompt order, the prompt lengths' shuffle and the send times (open loop), or the clients'
         phases (closed loop).
     first_wave_s, cycle_s : float
-        Closed loop: seconds by which the first wave has surely finished, and of one request's cycle (send to
-        answer), over which the clients' second requests are spread; both 0: every request ready at time 0
-        (lockstep).
+        Closed loop: seconds by which the first wave has surely finished, and over which the clients' second
+        requests are spread (at most one request's shortest cycle, send to answer); both 0: every request ready
+        at time 0 (lockstep).
 
     Returns
     -------
