@@ -15,6 +15,7 @@ import pandas as pd
 from .. import calibrate, viz
 from ..models import get_model
 from ..sim import simulate
+from ..validate import calibration_runs
 from ..workload import Requests, preset
 
 PARITY_DESCRIPTORS = ("model", "op", "geometry", "tp", "workers", "tokens", "batch", "kv_len", "m", "k", "n",
@@ -239,6 +240,21 @@ def published_comparison(runs: pd.DataFrame, published: dict = PUBLISHED_VLLM_V0
     return out
 
 
+def _band_lines(points: pd.DataFrame, keys: list, span_by: str, band: float) -> pd.DataFrame:
+    """The lines y = x and y = (1 +- ``band``) x for each group of ``keys``, spanning the measured and predicted
+    range of each ``span_by`` group (two points per line, ``kind`` and ``line`` naming it)."""
+    rows = []
+    for _, per in points.groupby(span_by, sort=False):
+        lo = min(per["measured_ms"].min(), per["predicted_ms"].min()) / (1 + band)
+        hi = max(per["measured_ms"].max(), per["predicted_ms"].max()) * (1 + band)
+        for key, _part in per.groupby(keys, sort=False):
+            for label, k in (("y = x", 1.0), (f"±{band:.0%}", 1 + band), (f"±{band:.0%}", 1 - band)):
+                rows.append({**dict(zip(keys, key)), "kind": label, "line": f"{label} {k}",
+                             "measured_ms": [lo, hi], "predicted_ms": [lo * k, hi * k]})
+    return pd.DataFrame(rows).explode(["measured_ms", "predicted_ms"]).astype(
+        {"measured_ms": float, "predicted_ms": float})
+
+
 def parity_frame(sample: pd.DataFrame, band: float = 0.15) -> pd.DataFrame:
     """Parity points plus, per set and stage, the lines y = x and y = (1 +- ``band``) x spanning the set's range.
 
@@ -247,16 +263,7 @@ def parity_frame(sample: pd.DataFrame, band: float = 0.15) -> pd.DataFrame:
     cannot sit on a log axis and are left out. Used in chapter 10.
     """
     sample = sample[sample["predicted_ms"] > 0]
-    rows = []
-    for name, per in sample.groupby("set", sort=False):
-        lo = min(per["measured_ms"].min(), per["predicted_ms"].min()) / (1 + band)
-        hi = max(per["measured_ms"].max(), per["predicted_ms"].max()) * (1 + band)
-        for stage in per["stage"].unique():
-            for label, k in (("y = x", 1.0), (f"±{band:.0%}", 1 + band), (f"±{band:.0%}", 1 - band)):
-                rows.append({"set": name, "stage": stage, "kind": label, "line": f"{label} {k}",
-                             "measured_ms": [lo, hi], "predicted_ms": [lo * k, hi * k]})
-    lines = pd.DataFrame(rows).explode(["measured_ms", "predicted_ms"]).astype(
-        {"measured_ms": float, "predicted_ms": float})
+    lines = _band_lines(sample, ["set", "stage"], "set", band)
     out = pd.concat([sample.assign(kind="case", line=""), lines], ignore_index=True)
     out["panel"] = out.pop("stage").map(STAGE_LABELS)
     for col in ("measured_ms", "predicted_ms", "rel_err"):  # four digits are plenty on a log axis, and a smaller page
@@ -357,16 +364,7 @@ def e2e_parity_frame(table: pd.DataFrame, band: float = 0.15) -> pd.DataFrame:
     used = table[table["representable"].astype(bool) & (table["status"] == "ok")]
     points = used[["run_id", "metric", "set", "model", "hardware", "tp", "dtype", "measured_ms", "predicted_ms",
                    "rel_error"]].assign(kind="run", line="")
-    rows = []
-    for metric, per in points.groupby("metric", sort=False):
-        lo = min(per["measured_ms"].min(), per["predicted_ms"].min()) / (1 + band)
-        hi = max(per["measured_ms"].max(), per["predicted_ms"].max()) * (1 + band)
-        for label, k in (("y = x", 1.0), (f"±{band:.0%}", 1 + band), (f"±{band:.0%}", 1 - band)):
-            rows.append({"metric": metric, "kind": label, "line": f"{label} {k}", "measured_ms": [lo, hi],
-                         "predicted_ms": [lo * k, hi * k]})
-    lines = pd.DataFrame(rows).explode(["measured_ms", "predicted_ms"]).astype(
-        {"measured_ms": float, "predicted_ms": float})
-    out = pd.concat([points, lines], ignore_index=True)
+    out = pd.concat([points, _band_lines(points, ["metric"], "metric", band)], ignore_index=True)
     out["panel"] = out["metric"].map(E2E_METRICS)
     for col in ("measured_ms", "predicted_ms", "rel_error"):
         out[col] = [float(f"{v:.4g}") for v in out[col]]
@@ -412,3 +410,29 @@ def ablation_table(ablations: pd.DataFrame) -> pd.DataFrame:
     table.index = ["nothing (the full model)" if m == "none" else m for m in table.index]
     table.index.name = "switched off"
     return table
+
+
+def e2e_headline(e2e: pd.DataFrame, errors: pd.DataFrame) -> dict:
+    """The numbers chapter 10's end-to-end prose quotes, by glue name: run counts, median, worst and signed
+    errors per metric over all usable runs, TTFT per set, the closed-loop TTFT ratio (predicted / measured) of
+    Llama-3.1-70B at 32 clients or more and of Qwen3-32B at 16 or fewer, and the Llama-3.1-8B FP8 rows' TPOT."""
+    overall = errors[errors["set"] == "all"].set_index("metric")
+    by_set = errors.set_index(["set", "metric"])["median_abs_error"]
+    per_run = e2e.drop_duplicates("run_id")
+    out = {"e2e_runs": int(overall.loc["ttft", "runs"]), "e2e_closed": int((per_run["set"] == "aiconfigurator").sum()),
+           "e2e_overloaded": int((per_run["status"] == "overloaded").sum()),
+           "e2e_ip_ttft": float(by_set[("inference-perf", "ttft")]),
+           "e2e_ac_ttft": float(by_set[("aiconfigurator", "ttft")])}
+    out["e2e_open"] = int((per_run["set"] == "inference-perf").sum()) - out["e2e_overloaded"]
+    for metric in ("ttft", "tpot", "e2e"):
+        out[f"e2e_med_{metric}"] = float(overall.loc[metric, "median_abs_error"])
+        out[f"e2e_worst_{metric}"] = float(overall.loc[metric, "worst_abs_error"])
+        out[f"e2e_signed_{metric}"] = float(overall.loc[metric, "median_error"])
+    ttft = e2e[(e2e["set"] == "aiconfigurator") & (e2e["metric"] == "ttft")]
+    ratio = ttft["predicted_ms"] / ttft["measured_ms"]
+    clients = ttft["run_id"].map(calibration_runs().set_index("run_id")["concurrency"])
+    out["ttft_70b_high"] = float(ratio[(ttft["model"] == "llama-3.1-70b") & (clients >= 32)].median())
+    out["ttft_qwen_low"] = float(ratio[(ttft["model"] == "qwen3-32b") & (clients <= 16)].median())
+    fp8_8b = e2e[(e2e["model"] == "llama-3.1-8b") & (e2e["metric"] == "tpot")]["rel_error"]
+    out["e2e_8b_tpot"], out["e2e_8b_runs"] = float(fp8_8b.median()), len(fp8_8b)
+    return out

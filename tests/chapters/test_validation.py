@@ -186,3 +186,18 @@ def test_published_chart_spec():
     assert any(row.get("mean_tpot_ms") == 13.4 and row.get("rate_req_s") == 32.0 for data in datasets for row in data)
     legend = next(e["color"] for e in walk(spec, "encoding") if "color" in e)
     assert "202" in legend["legend"]["labelExpr"]  # the blog's means, from the published figures
+
+
+def test_e2e_headline_and_parity_frame_read_the_replay():
+    e2e = bl.validate.replay_all(bl.validate.calibration_runs().iloc[::20])
+    errors = bl.validate.error_summary(e2e)
+    head = chapter.e2e_headline(e2e, errors)
+    overall = errors[errors["set"] == "all"].set_index("metric")
+    for metric in ("ttft", "tpot", "e2e"):
+        assert head[f"e2e_med_{metric}"] == overall.loc[metric, "median_abs_error"]
+    assert head["e2e_runs"] == overall.loc["ttft", "runs"] and head["e2e_open"] + head["e2e_overloaded"] >= 0
+    frame = chapter.e2e_parity_frame(e2e, band=0.15)
+    lines = frame[frame["kind"] != "run"]
+    assert len(lines) == 3 * 3 * 2  # y = x and the two band lines, two points each, per metric panel
+    upper = lines[lines["line"] == "±15% 1.15"]
+    np.testing.assert_allclose(upper["predicted_ms"], 1.15 * upper["measured_ms"], rtol=1e-3)  # 4 digits kept
