@@ -176,7 +176,8 @@ def simulate(requests, policy: str, cost, *, batch_size=None, max_queue_delay_s=
              max_num_batched_tokens=None, prefill_only_steps=None, long_prefill_token_threshold=None,
              enable_chunked_prefill=None, async_scheduling=None, enable_prefix_caching=None,
              scheduler_reserve_full_isl=None, max_model_len=None, max_concurrency=None, block_size: int = 16,
-             gpu_memory_utilization: float = 0.92, num_kv_blocks=None, record_schedule: bool = False):
+             gpu_memory_utilization: float = 0.92, num_kv_blocks=None, record_schedule: bool = False,
+             record_tokens: bool = True):
     """Replay ``requests`` through one batching policy, one iteration at a time.
 
     Parameters
@@ -228,6 +229,10 @@ def simulate(requests, policy: str, cost, *, batch_size=None, max_queue_delay_s=
         Override the KV pool size (blocks per GPU, one of them vLLM's null block).
     record_schedule : bool, default False
         Also record ``schedule``: one row per request per iteration it was scheduled or preempted in.
+    record_tokens : bool, default True
+        Keep the timeline: every output token's time (``token_times``) and one row per iteration (``steps``).
+        False keeps memory proportional to the requests, not the tokens (sweeps, the tuner, long replays);
+        ``summary()`` is the same either way, its ITL percentiles within ``batchlab.metrics.ITL_RELATIVE_ERROR``.
 
     Returns
     -------
@@ -249,6 +254,7 @@ def simulate(requests, policy: str, cost, *, batch_size=None, max_queue_delay_s=
     }
     knobs = _resolve_knobs(cost, policy, given, block_size, gpu_memory_utilization, num_kv_blocks)
     record = _bool_knob("record_schedule", record_schedule, False)
+    record_tokens = _bool_knob("record_tokens", record_tokens, True)
     output = requests.output_tokens
     max_model_len = knobs.get("max_model_len", 0)
     if max_model_len:  # vLLM clips max_tokens to what the context leaves (a prompt that fills it is rejected)
@@ -264,9 +270,9 @@ def simulate(requests, policy: str, cost, *, batch_size=None, max_queue_delay_s=
         knobs.get("max_num_batched_tokens", 0), knobs.get("long_prefill_token_threshold", 0), rules,
         knobs.get("prefill_only_steps", False), knobs["num_kv_blocks"] - 1, knobs["block_size"], record,
         knobs.get("max_concurrency") or 0, max_model_len, prefix_ids, requests.prefix_offsets,
-        requests.prefix_block_tokens,
+        requests.prefix_block_tokens, record_tokens,
     )
     out = KernelOutput(*raw)
     if out.status != STATUS_OK:
         raise RuntimeError("the scheduler loop could not schedule anything yet has unfinished requests (a bug)")
-    return SimResult(requests, policy, cost, dict(knobs), out, record, output)
+    return SimResult(requests, policy, cost, dict(knobs), out, record, output, record_tokens)

@@ -38,12 +38,15 @@ def expand_grid(grid) -> list[dict]:
 def _run_one(requests, cost, config) -> dict:
     knobs = dict(config)
     policy = knobs.pop("policy")
-    return simulate(requests, policy, cost, **knobs).summary()
+    return simulate(requests, policy, cost, **{"record_tokens": False, **knobs}).summary()
 
 
 def sweep(requests, grid, cost, *, policy: str = "chunked", executor=None, progress: bool = True,
           **fixed_knobs) -> pd.DataFrame:
     """Simulate every configuration of ``grid`` and tabulate each run's ``summary()``.
+
+    The runs keep no token record (``record_tokens=False``, the summary does not need it), so memory follows the
+    requests, not the tokens.
 
     Parameters
     ----------

@@ -6,8 +6,13 @@ integer slot names of :mod:`.layout` are frozen into the compiled code. The publ
 reference in ``tests/reference.py`` must agree with both.
 
 Modules: :mod:`.layout` (slot names), :mod:`.cost` (the step cost), :mod:`.records` (growing records),
-:mod:`.batched` (static and dynamic batching), :mod:`.kvcache` (the block pool and prefix cache) and
-:mod:`.iterations` (continuous and chunked). Numba's on-disk cache notices only edits to a function's own file,
+:mod:`.gaps` (the inter-token gap histogram), :mod:`.batched` (static and dynamic batching), :mod:`.kvcache` (the
+block pool and prefix cache) and :mod:`.iterations` (continuous and chunked).
+
+Helpers that never allocate are compiled with ``_nrt=False``: the arrays they are passed are borrowed from the
+loop that owns them, so numba emits no reference counting for them. Those counts are atomic operations, and
+around calls LLVM cannot inline they cost a third of the loop's time; numba refuses to compile such a helper if
+it ever allocates, so the flag cannot hide a leak. Numba's on-disk cache notices only edits to a function's own file,
 not to the functions it calls in other files, so this package keys its cache folder by a hash of all its
 sources: an edit anywhere recompiles everything once, and a stale kernel is never loaded.
 """

@@ -6,22 +6,26 @@ from numba import njit
 
 from .cost import step_cost
 from .layout import (KIND_DECODE, KIND_PREFILL, REQ_COMPUTED, REQ_PADDED, SCHED_COLUMNS, STEP_COLUMNS, TIME_FINISH,
-                     TIME_FIRST, TIME_RELEASE, TIME_SCHED)
+                     TIME_FIRST, TIME_RELEASE, TIME_SCHED, TOTAL_BUSY_S, TOTAL_SEQ_STEPS, TOTAL_STEPS)
+from .gaps import add_gaps
 from .records import blocks_for, record_sched, record_step
 
 
 @njit(cache=True)
 def run_batched(arrival, prompt, output, live, tok_off, req, times, coef, batch_size, max_queue_delay_s, usable_blocks,
-                 block_size, record, tok_times):
+                 block_size, record, tok_times, record_steps, itl, totals):
     """Static and dynamic batching: lockstep batches, padded prompts, every row runs to the longest output.
 
     A batch is dispatched when the server is free and either ``batch_size`` requests have arrived or the
     oldest has waited ``max_queue_delay_s`` (infinite for static), or the stream has ended. Its members are
     the oldest queued requests, as many as ``batch_size`` and the KV pool (padded reservation) allow.
     ``arrival`` is when the server sees each request (sent + the serving term ``COEF_REQUEST_LATENCY_S``).
+    ``record_steps``: keep one row per iteration; ``tok_times`` (empty: no token record) gets every token's time.
+    Inter-token gaps go into the histogram ``itl`` and the run's totals into ``totals``.
     """
+    record_tokens = tok_times.shape[0] > 0
     n_live = live.shape[0]
-    steps = np.empty((1024, len(STEP_COLUMNS)))
+    steps = np.empty((1024 if record_steps else 1, len(STEP_COLUMNS)))
     sched = np.empty((1024 if record else 1, len(SCHED_COLUMNS)), np.int64)
     n_steps = 0
     n_sched = 0
@@ -57,7 +61,10 @@ def run_batched(arrival, prompt, output, live, tok_off, req, times, coef, batch_
         t = dispatch
         dur, _g, _a, _c, _e, _l, _u, flops, nbytes, bound = step_cost(coef, b * p_max, b * p_max * p_max, 0.0, b,
                                                                        b, False)
-        steps = record_step(steps, n_steps, t, dur, b * p_max, 0, b, kv_used, bound, flops, nbytes, 0)
+        if record_steps:
+            steps = record_step(steps, n_steps, t, dur, b * p_max, 0, b, kv_used, bound, flops, nbytes, 0)
+        totals[TOTAL_BUSY_S] += dur
+        totals[TOTAL_SEQ_STEPS] += b
         if record:
             for k in range(head, end):
                 sched = record_sched(sched, n_sched, n_steps, live[k], p_max, KIND_PREFILL)
@@ -68,7 +75,8 @@ def run_batched(arrival, prompt, output, live, tok_off, req, times, coef, batch_
             r = live[k]
             times[r, TIME_SCHED] = dispatch
             times[r, TIME_FIRST] = t
-            tok_times[tok_off[r]] = t
+            if record_tokens:
+                tok_times[tok_off[r]] = t
             req[r, REQ_PADDED] = (p_max - prompt[r]) + (o_max - output[r])
             req[r, REQ_COMPUTED] = prompt[r] + output[r] - 1
             if output[r] == 1:
@@ -78,21 +86,31 @@ def run_batched(arrival, prompt, output, live, tok_off, req, times, coef, batch_
             ctx = p_max + s - 1
             dur, _g, _a, _c, _e, _l, _u, flops, nbytes, bound = step_cost(coef, b, 2.0 * b * ctx, b * ctx, b, b,
                                                                            False)
-            steps = record_step(steps, n_steps, t, dur, 0, b, b, kv_used, bound, flops, nbytes, 0)
+            if record_steps:
+                steps = record_step(steps, n_steps, t, dur, 0, b, b, kv_used, bound, flops, nbytes, 0)
+            totals[TOTAL_BUSY_S] += dur
+            totals[TOTAL_SEQ_STEPS] += b
             if record:
                 for k in range(head, end):
                     sched = record_sched(sched, n_sched, n_steps, live[k], 1, KIND_DECODE)
                     n_sched += 1
             n_steps += 1
+            prev = t
             t += dur
+            emitted = 0
             for k in range(head, end):
                 r = live[k]
                 if s < output[r]:
-                    tok_times[tok_off[r] + s] = t
+                    emitted += 1
+                    if record_tokens:
+                        tok_times[tok_off[r] + s] = t
                     if s == output[r] - 1:
                         times[r, TIME_FINISH] = t
+            if emitted > 0:  # lockstep: every row's previous token came at the end of the step before
+                add_gaps(itl, totals, t - prev, emitted)
         for k in range(head, end):
             times[live[k], TIME_RELEASE] = t
         now = t
         head = end
-    return steps[:n_steps], sched[:n_sched]
+    totals[TOTAL_STEPS] = n_steps
+    return steps[:n_steps if record_steps else 0], sched[:n_sched]

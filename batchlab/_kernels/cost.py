@@ -12,7 +12,7 @@ from .layout import (COEF_ATTN_FLOPS_PER_WORK, COEF_COMM_S_PER_STEP, COEF_COMM_S
                      COEF_OVERHEAD_S, COEF_PEAK_FLOPS, COEF_REQUEST_LATENCY_S, COEF_WEIGHT_BYTES)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def step_cost(coef, new_tokens, attn_work, cached_tokens, sampled, n_seqs, asynchronous):
     """Seconds of one iteration from its aggregates (the formula is in :mod:`batchlab.cost`).
 
@@ -51,7 +51,7 @@ def step_cost(coef, new_tokens, attn_work, cached_tokens, sampled, n_seqs, async
             coef[COEF_WEIGHT_BYTES] + kv_bytes + act_bytes + lm_bytes, compute_bound)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def serve_time(frontend_free, sent, prompt_tokens, coef):
     """When the engine sees a request sent at ``sent``: the API server tokenises requests one at a time
     (``COEF_FRONTEND_S_PER_TOKEN`` per prompt token, from when it is free), then ``COEF_REQUEST_LATENCY_S``.

@@ -7,7 +7,8 @@ from numba import njit
 from .batched import run_batched
 from .iterations import run_iterations
 from .cost import serve_time
-from .layout import (POLICY_CHUNKED, POLICY_CONTINUOUS, POLICY_DYNAMIC, REJECT_BUDGET, REJECT_KV, REJECT_MODEL_LEN,
+from .layout import (ITL_BINS, N_TOTALS, POLICY_CHUNKED, POLICY_CONTINUOUS, POLICY_DYNAMIC, REJECT_BUDGET, REJECT_KV,
+                     REJECT_MODEL_LEN,
                      REQ_CACHED, REQ_COLUMNS, REQ_COMPUTED, REQ_OUTPUT, REQ_PADDED, REQ_PREEMPT, REQ_PREFIX_END,
                      REQ_PREFIX_START, REQ_PROMPT, REQ_RECOMPUTED, REQ_REJECT, REQ_TOK_OFF, RULE_CHUNKING, STATUS_OK,
                      TIME_ARRIVAL, TIME_COLUMNS, TIME_FINISH, TIME_FIRST, TIME_RELEASE, TIME_SCHED, TIME_SEEN,
@@ -38,17 +39,20 @@ def _tables(arrival, prompt, output, prefix_off, max_concurrency):
 @njit(cache=True)
 def simulate_kernel(arrival, prompt, output, policy, coef, batch_size, max_queue_delay_s, max_num_seqs, budget,
                     threshold, rules, prefill_only_steps, usable_blocks, block_size, record, max_concurrency,
-                    max_model_len, prefix_ids, prefix_off, prefix_tokens):
+                    max_model_len, prefix_ids, prefix_off, prefix_tokens, record_tokens):
     """Run one policy over a request stream. Arrays in, arrays out; no globals, no randomness.
 
     Requests that can never be served are marked rejected before the loop and never enter it: a prompt plus
     output the whole pool cannot hold, a prompt over the budget of a policy that cannot split it, a prompt that
     leaves no room for one output token under ``max_model_len`` (> 0). Returns the fields of
-    :class:`batchlab.result.KernelOutput`, in its order.
+    :class:`batchlab.result.KernelOutput`, in its order. ``record_tokens``: keep every token's time and one row
+    per iteration (without it, memory grows with requests, not tokens); the metrics are accumulated either way.
     """
     n = arrival.shape[0]
     req, times, tok_off = _tables(arrival, prompt, output, prefix_off, max_concurrency)
-    tok_times = np.full(tok_off[n], np.nan)
+    tok_times = np.full(tok_off[n] if record_tokens else 0, np.nan)
+    itl = np.zeros((ITL_BINS, 4))
+    totals = np.zeros(N_TOTALS)
     n_live = 0
     live = np.empty(n, np.int64)
     whole_prompts = policy == POLICY_CONTINUOUS or (policy == POLICY_CHUNKED and rules & RULE_CHUNKING == 0)
@@ -72,15 +76,16 @@ def simulate_kernel(arrival, prompt, output, policy, coef, batch_size, max_queue
             seen[r], free = serve_time(free, arrival[r], prompt[r], coef)
             times[r, TIME_SEEN] = seen[r]
         steps, sched = run_batched(seen, prompt, output, live, tok_off, req, times, coef, batch_size, delay,
-                                   usable_blocks, block_size, record, tok_times)
+                                   usable_blocks, block_size, record, tok_times, record_tokens, itl, totals)
     else:
-        status, steps, sched = run_iterations(live, req, times, tok_times, coef, policy == POLICY_CHUNKED, rules,
-                                              max_num_seqs, budget, threshold, prefill_only_steps, usable_blocks,
-                                              block_size, record, max_concurrency, prefix_ids, prefix_tokens)
+        status, steps, sched = run_iterations(live, req, times, tok_times, coef, policy == POLICY_CHUNKED,
+                                              rules, max_num_seqs, budget, threshold, prefill_only_steps,
+                                              usable_blocks, block_size, record, max_concurrency, prefix_ids,
+                                              prefix_tokens, record_tokens, itl, totals)
     for r in range(n):
         if times[r, TIME_SENT] != times[r, TIME_SENT]:  # rejected before the loop: never waited for a client slot
             times[r, TIME_SENT] = arrival[r]
     return (status, times[:, TIME_FIRST].copy(), times[:, TIME_FINISH].copy(), times[:, TIME_SCHED].copy(),
             times[:, TIME_RELEASE].copy(), req[:, REQ_PREEMPT].copy(), req[:, REQ_REJECT].copy(),
             req[:, REQ_PADDED].copy(), req[:, REQ_COMPUTED].copy(), req[:, REQ_RECOMPUTED].copy(),
-            req[:, REQ_CACHED].copy(), times[:, TIME_SENT].copy(), tok_off, tok_times, steps, sched)
+            req[:, REQ_CACHED].copy(), times[:, TIME_SENT].copy(), tok_off, tok_times, steps, sched, itl, totals)

@@ -16,25 +16,27 @@ from numba import njit
 from . import kvcache as kv
 from .cost import serve_time, step_cost
 from .layout import (KIND_CACHED, KIND_DECODE, KIND_PREEMPT, KIND_PREFILL, REJECT_RECOMPUTE, REQ_CACHED, REQ_COMPUTED,
-                     REQ_EMITTED, REQ_HIGH_WATER, REQ_LAST_HIT, REQ_LOST, REQ_OUTPUT, REQ_PREEMPT, REQ_PROMPT,
-                     REQ_RECOMPUTED, REQ_REJECT, REQ_TOK_OFF, RULE_ASYNC, RULE_CHUNKING, RULE_PREFIX_CACHE,
-                     RULE_RESERVE_FULL, RULE_STOP_UNFIT, RULE_THRESHOLD_ALONE, RUN_BLOCKS, RUN_CACHED, RUN_COLUMNS,
-                     RUN_COMP, RUN_EMIT, RUN_HIT, RUN_OUT, RUN_PROMPT, RUN_REQ, RUN_SEAT, RUN_TOK, RUN_TOKPOS,
-                     SCHED_COLUMNS, ST_CACHED_BLOCKS, ST_FINISHED, ST_FREE_BLOCKS, ST_IN_FLIGHT, ST_NEXT, ST_PENDING,
-                     ST_RUNNING, ST_SCHED, ST_SEATS, ST_SLOT_HEAD, ST_STEPS, ST_WAIT_HEAD, ST_WAIT_LEN, STATUS_OK,
-                     STATUS_STUCK, STEP_COLUMNS, STEP_DURATION, STEP_START, TIME_ARRIVAL, TIME_FINISH, TIME_FIRST,
-                     TIME_RELEASE, TIME_SCHED, TIME_SEEN, TIME_SENT, N_STATE)
-from .records import blocks_for, record_sched, record_step
+                     REQ_EMITTED, REQ_HIGH_WATER, REQ_LAST_HIT, REQ_LAST_STEP, REQ_LOST, REQ_OUTPUT, REQ_PREEMPT,
+                     REQ_PROMPT, REQ_RECOMPUTED, REQ_REJECT, REQ_RISK, REQ_TOK_OFF, RULE_ASYNC, RULE_CHUNKING,
+                     RULE_PREFIX_CACHE, RULE_RESERVE_FULL, RULE_STOP_UNFIT, RULE_THRESHOLD_ALONE, RUN_BLOCKS,
+                     RUN_CACHED, RUN_COLUMNS, RUN_COMP, RUN_EMIT, RUN_HIT, RUN_LAST, RUN_OUT, RUN_PROMPT, RUN_REQ,
+                     RUN_RISK, RUN_SEAT, RUN_TOK, RUN_TOKPOS, SCHED_COLUMNS, ST_CACHED_BLOCKS, ST_FINISHED,
+                     ST_FREE_BLOCKS, ST_IN_FLIGHT, ST_NEXT, ST_PENDING, ST_RUNNING, ST_SCHED, ST_SEATS, ST_SLOT_HEAD,
+                     ST_STEPS, ST_WAIT_HEAD, ST_WAIT_LEN, STATUS_OK, STATUS_STUCK, STEP_COLUMNS, STEP_DURATION,
+                     STEP_START, TIME_ARRIVAL, TIME_FINISH, TIME_FIRST, TIME_LAST, TIME_RELEASE, TIME_SCHED, TIME_SEEN,
+                     TIME_SENT, TOTAL_BUSY_S, TOTAL_SEQ_STEPS, TOTAL_STEPS, N_STATE)
+from .gaps import add_gaps
+from .records import blocks_for, grow, record_sched, record_step
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _is_decode(run, k):
     """Row ``k`` needs one token on top of everything it knows: a decode, not a prompt chunk."""
     return run[k, RUN_EMIT] > 0 and run[k, RUN_COMP] == run[k, RUN_PROMPT] + run[k, RUN_EMIT] - 1
 
 
-@njit(cache=True)
-def _admit(run, i, r, req, blocks, tokens, computed, seat):
+@njit(cache=True, _nrt=False)
+def _admit(run, run_t, i, r, req, times, blocks, tokens, computed, seat):
     """Fill row ``i`` of the running table with request ``r``, ``computed`` tokens already in its cache."""
     run[i, RUN_REQ] = r
     run[i, RUN_PROMPT] = req[r, REQ_PROMPT]
@@ -47,9 +49,12 @@ def _admit(run, i, r, req, blocks, tokens, computed, seat):
     run[i, RUN_SEAT] = seat
     run[i, RUN_CACHED] = blocks  # blocks already cached: the hits (prefix caching)
     run[i, RUN_HIT] = computed
+    run[i, RUN_LAST] = req[r, REQ_LAST_STEP]
+    run[i, RUN_RISK] = req[r, REQ_RISK]
+    run_t[i] = times[r, TIME_LAST]
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _free_slot(st, slot_times, t):
     """A closed-loop client gets its answer at ``t`` and may send again."""
     n_slots = slot_times.shape[0]
@@ -58,7 +63,7 @@ def _free_slot(st, slot_times, t):
         st[ST_IN_FLIGHT] -= 1
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _send_and_queue(st, times, live, wait, slot_times, view_s, req, coef, frontend):
     """Clients send requests (closed loop: at most ``len(slot_times)`` in flight, each sent when a slot frees),
     the API server passes them on (``serve_time``; ``frontend[0]``: when it is free), and those the engine sees
@@ -84,8 +89,9 @@ def _send_and_queue(st, times, live, wait, slot_times, view_s, req, coef, fronte
     return np.inf
 
 
-@njit(cache=True)
-def _preempt_last(st, run, wait, req, pool, seat_blocks, prefix_ids, prefix_tokens, unique_stride, block_size):
+@njit(cache=True, _nrt=False)
+def _preempt_last(st, run, run_t, wait, req, times, pool, seat_blocks, prefix_ids, prefix_tokens, unique_stride,
+                  block_size, step_index, prev_end):
     """Preempt the last running request: free its blocks, restart it from zero at the front of the queue.
 
     Returns the request preempted, or -1 when the last row had already finished (async scheduling still
@@ -95,15 +101,17 @@ def _preempt_last(st, run, wait, req, pool, seat_blocks, prefix_ids, prefix_toke
     v = st[ST_RUNNING] - 1
     victim = run[v, RUN_REQ]
     if pool.shape[0] > 1:
-        blocks = seat_blocks[run[v, RUN_SEAT]]
+        seat = run[v, RUN_SEAT]
         if run[v, RUN_EMIT] < run[v, RUN_OUT]:
-            kv.index_own_blocks(pool, req, victim, blocks, run[v, RUN_BLOCKS], block_size, prefix_ids, prefix_tokens,
-                                unique_stride)
-        kv.release(st, pool, blocks, run[v, RUN_BLOCKS], run[v, RUN_SEAT])
+            kv.index_own_blocks(pool, req, victim, seat_blocks, seat, run[v, RUN_BLOCKS], block_size, prefix_ids,
+                                prefix_tokens, unique_stride)
+        kv.release(st, pool, seat_blocks, seat, run[v, RUN_BLOCKS])
     else:
         st[ST_FREE_BLOCKS] += run[v, RUN_BLOCKS]
     st[ST_RUNNING] -= 1
     req[victim, REQ_EMITTED] = run[v, RUN_EMIT]
+    req[victim, REQ_LAST_STEP] = run[v, RUN_LAST]
+    times[victim, TIME_LAST] = prev_end if run[v, RUN_LAST] == step_index - 1 else run_t[v]
     if run[v, RUN_EMIT] == run[v, RUN_OUT]:
         st[ST_FINISHED] += 1
         st[ST_PENDING] -= 1
@@ -117,17 +125,17 @@ def _preempt_last(st, run, wait, req, pool, seat_blocks, prefix_ids, prefix_toke
     return victim
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _grow_blocks(st, run, k, need, known, req, pool, seat_blocks, prefix_ids, prefix_tokens, unique_stride,
                  block_size):
     """Give row ``k`` ``need`` more blocks (free ones, evicting cached keys) and cache its newly full blocks."""
     if pool.shape[0] > 1:
-        blocks = seat_blocks[run[k, RUN_SEAT]]
+        seat = run[k, RUN_SEAT]
         if need > 0:
-            kv.allocate(st, pool, blocks, run[k, RUN_BLOCKS], need)
+            kv.allocate(st, pool, seat_blocks, seat, run[k, RUN_BLOCKS], need)
         full = min(run[k, RUN_COMP] + run[k, RUN_TOK], known) // block_size
         if full > run[k, RUN_CACHED]:
-            kv.register_full(st, pool, req, run[k, RUN_REQ], blocks, run[k, RUN_CACHED], full, block_size,
+            kv.register_full(st, pool, req, run[k, RUN_REQ], seat_blocks, seat, run[k, RUN_CACHED], full, block_size,
                              prefix_ids, prefix_tokens, unique_stride)
             run[k, RUN_CACHED] = full
     else:
@@ -135,9 +143,9 @@ def _grow_blocks(st, run, k, need, known, req, pool, seat_blocks, prefix_ids, pr
     run[k, RUN_BLOCKS] += need
 
 
-@njit(cache=True)
-def _schedule_running(st, run, wait, req, victims, budget, threshold, block_size, pool, seat_blocks, prefix_ids,
-                      prefix_tokens, unique_stride):
+@njit(cache=True, _nrt=False)
+def _schedule_running(st, run, run_t, wait, req, times, victims, budget, threshold, block_size, pool, seat_blocks,
+                      prefix_ids, prefix_tokens, unique_stride, step_index, prev_end):
     """Chunked step 1: running requests in admission order, each asking for a decode or its next chunk.
 
     A request that cannot get its blocks preempts the last running request (possibly itself, which ends
@@ -170,8 +178,8 @@ def _schedule_running(st, run, wait, req, victims, budget, threshold, block_size
         while need > free:
             was_last = n_running - 1 == hi
             st[ST_FREE_BLOCKS] = free
-            victim = _preempt_last(st, run, wait, req, pool, seat_blocks, prefix_ids, prefix_tokens, unique_stride,
-                                   block_size)
+            victim = _preempt_last(st, run, run_t, wait, req, times, pool, seat_blocks, prefix_ids, prefix_tokens,
+                                   unique_stride, block_size, step_index, prev_end)
             n_running = st[ST_RUNNING]
             free = st[ST_FREE_BLOCKS]
             n_dropped += 1
@@ -190,12 +198,12 @@ def _schedule_running(st, run, wait, req, victims, budget, threshold, block_size
         else:
             if need > 0:
                 st[ST_FREE_BLOCKS] = free
-                kv.allocate(st, pool, seat_blocks[run[hi, RUN_SEAT]], run[hi, RUN_BLOCKS], need)
+                kv.allocate(st, pool, seat_blocks, run[hi, RUN_SEAT], run[hi, RUN_BLOCKS], need)
                 free = st[ST_FREE_BLOCKS]
                 run[hi, RUN_BLOCKS] += need
             if run[hi, RUN_COMP] + want >= (run[hi, RUN_CACHED] + 1) * block_size:  # a block filled up
                 full = (run[hi, RUN_COMP] + want) // block_size  # want never passes the tokens known
-                kv.register_full(st, pool, req, run[hi, RUN_REQ], seat_blocks[run[hi, RUN_SEAT]], run[hi, RUN_CACHED],
+                kv.register_full(st, pool, req, run[hi, RUN_REQ], seat_blocks, run[hi, RUN_SEAT], run[hi, RUN_CACHED],
                                  full, block_size, prefix_ids, prefix_tokens, unique_stride)
                 run[hi, RUN_CACHED] = full
         left -= want
@@ -205,8 +213,8 @@ def _schedule_running(st, run, wait, req, victims, budget, threshold, block_size
     return hi, n_scheduled, left, n_victims, n_dropped
 
 
-@njit(cache=True)
-def _admit_waiting(st, run, wait, skipped, req, times, slot_times, now, left, budget, threshold, rules,
+@njit(cache=True, _nrt=False)
+def _admit_waiting(st, run, run_t, wait, skipped, req, times, slot_times, now, left, budget, threshold, rules,
                    max_num_seqs, block_size, pool, seat_blocks, prefix_ids, prefix_tokens, unique_stride, hit_slots):
     """Chunked step 2: waiting requests, oldest first, while seats, budget and blocks last.
 
@@ -263,8 +271,8 @@ def _admit_waiting(st, run, wait, skipped, req, times, slot_times, now, left, bu
         seat = 0
         if caching:
             seat = kv.take_seat(st, pool)
-            kv.take_hits(st, pool, seat_blocks[seat], hits, hit_slots)
-        _admit(run, row, r, req, hits, want, computed, seat)
+            kv.take_hits(st, pool, seat_blocks, seat, hits, hit_slots)
+        _admit(run, run_t, row, r, req, times, hits, want, computed, seat)
         _grow_blocks(st, run, row, blocks_for(computed + want, block_size) - hits, n_tokens, req, pool,
                      seat_blocks, prefix_ids, prefix_tokens, unique_stride, block_size)
         st[ST_RUNNING] += 1
@@ -277,7 +285,7 @@ def _admit_waiting(st, run, wait, skipped, req, times, slot_times, now, left, bu
 
 
 @njit(cache=True)
-def _admit_whole_prompts(st, run, wait, req, times, now, budget, max_num_seqs, block_size):
+def _admit_whole_prompts(st, run, run_t, wait, req, times, now, budget, max_num_seqs, block_size):
     """Orca's admission: whole prompts join, KV for prompt + output reserved up front; no preemption.
 
     ``budget`` > 0 caps the prompt tokens admitted in one iteration (vLLM V0). Returns the first new row.
@@ -295,19 +303,24 @@ def _admit_whole_prompts(st, run, wait, req, times, now, budget, max_num_seqs, b
         st[ST_FREE_BLOCKS] -= need
         prompt_sum += req[r, REQ_PROMPT]
         times[r, TIME_SCHED] = now
-        _admit(run, st[ST_RUNNING], r, req, need, req[r, REQ_PROMPT], 0, 0)
+        _admit(run, run_t, st[ST_RUNNING], r, req, times, need, req[r, REQ_PROMPT], 0, 0)
         st[ST_RUNNING] += 1
     return first_new
 
 
-@njit(cache=True)
-def _run_scheduled(run, lo, hi, step_index, times, tok_times):
+@njit(cache=True, _nrt=False)
+def _run_scheduled(run, run_t, lo, hi, step_index, prev_end, tok_times, gap_t, gap_req, events):
     """Step 3: one pass over the rows ``[lo, hi)`` sums the iteration's aggregates and emits.
 
     A request that has computed every token it knows samples the next one; a row scheduled for no tokens
-    (finished, held by async scheduling) is passed over. Emissions are stamped with the step's index (turned
-    into times after the loop), so the step's duration is not needed here. Returns (prefill tokens, decode
-    sequences, attention work, cached tokens, rows that sampled a token, first row that finished or -1).
+    (finished, held by async scheduling) is passed over. An emission is marked with the step's index
+    (``RUN_LAST``; with a token record, also in ``tok_times``); rows whose first or last token it is go to
+    ``events``, stamped once the step is timed. The gap an emission closes is counted in ``n_next`` if the row's
+    last token came in the step just before (which ended at ``prev_end``), else the time of that token goes to
+    ``gap_t`` (with the request in ``gap_req`` if it may yet be rejected, else -1). ``run_t`` holds when each
+    row's last token came; a row that emitted in the step before learns it here (:func:`_settle_last`).
+    Returns (prefill tokens, decode sequences, attention work, cached tokens, rows that sampled a token, first
+    row that finished or -1, n_next, entries in ``gap_t``, entries in ``events``).
     """
     attn_work = 0.0
     cached = 0
@@ -315,7 +328,14 @@ def _run_scheduled(run, lo, hi, step_index, times, tok_times):
     decode_seqs = 0
     sampled = 0
     first_done = -1
+    n_next = 0
+    n_gaps = 0
+    n_events = 0
+    record_tokens = tok_times.shape[0] > 0
     for k in range(lo, hi):
+        last = run[k, RUN_LAST]
+        if last == step_index - 1:
+            run_t[k] = prev_end
         c = run[k, RUN_TOK]
         if c == 0:
             continue
@@ -332,20 +352,71 @@ def _run_scheduled(run, lo, hi, step_index, times, tok_times):
         run[k, RUN_TOK] = 1  # Orca: after its first iteration a row only decodes (chunked resets it anyway)
         if p + c == known:
             sampled += 1
-            tok_times[run[k, RUN_TOKPOS]] = step_index
-            run[k, RUN_TOKPOS] += 1
-            run[k, RUN_EMIT] += 1
-            if run[k, RUN_EMIT] == 1:
-                times[run[k, RUN_REQ], TIME_FIRST] = step_index
-            if run[k, RUN_EMIT] == run[k, RUN_OUT]:
-                times[run[k, RUN_REQ], TIME_FINISH] = step_index
-                if first_done < 0:
+            if record_tokens:
+                tok_times[run[k, RUN_TOKPOS]] = step_index
+                run[k, RUN_TOKPOS] += 1
+            emitted = run[k, RUN_EMIT] + 1
+            if emitted > 1:  # the token closes a gap
+                if last == step_index - 1 and run[k, RUN_RISK] == 0:
+                    n_next += 1
+                else:
+                    gap_t[n_gaps] = run_t[k]
+                    gap_req[n_gaps] = run[k, RUN_REQ] if run[k, RUN_RISK] else -1
+                    n_gaps += 1
+            run[k, RUN_LAST] = step_index
+            run[k, RUN_EMIT] = emitted
+            if emitted == 1 or emitted == run[k, RUN_OUT]:
+                events[n_events] = k
+                n_events += 1
+                if emitted == run[k, RUN_OUT] and first_done < 0:
                     first_done = k
-    return prefill_tokens, decode_seqs, attn_work, cached, sampled, first_done
+    return prefill_tokens, decode_seqs, attn_work, cached, sampled, first_done, n_next, n_gaps, n_events
+
+
+@njit(cache=True, _nrt=False)
+def _settle_last(run, run_t, lo, hi, step_index, prev_end):
+    """Rows in ``[lo, hi)`` that emitted in the step before ``step_index`` (which ended at ``prev_end``) but take
+    no part in this one learn when their last token came (:func:`_run_scheduled` does it for the others).
+
+    Only Orca's prefill-only steps leave such rows out. Under ``chunked`` a row that emitted in one step is
+    scheduled in the next (the rows before it ask for no more tokens than they did: decodes stay at one, chunks
+    only shrink), unless it is preempted, which :func:`_preempt_last` handles."""
+    for k in range(lo, hi):
+        if run[k, RUN_LAST] == step_index - 1:
+            run_t[k] = prev_end
+
+
+@njit(cache=True, _nrt=False)
+def _stamp_events(run, events, n_events, end_s, times):
+    """The step that emitted them ends at ``end_s``: first and last tokens are stamped on their requests."""
+    for m in range(n_events):
+        k = events[m]
+        r = run[k, RUN_REQ]
+        if run[k, RUN_EMIT] == 1:
+            times[r, TIME_FIRST] = end_s
+        if run[k, RUN_EMIT] == run[k, RUN_OUT]:
+            times[r, TIME_FINISH] = end_s
+            times[r, TIME_RELEASE] = end_s
 
 
 @njit(cache=True)
-def _release_finished(st, run, req, times, first, step_index, hold, end_s, slot_times, pool, seat_blocks):
+def _count_gaps(itl, totals, gap_t, gap_req, n_gaps, end_s, risky):
+    """The gaps of step ending at ``end_s`` that did not follow the step before, into the histogram or, for a
+    request that may yet be rejected, into ``risky`` (request, gap) until the run ends. Returns ``risky``."""
+    for m in range(n_gaps):
+        if gap_req[m] < 0:
+            add_gaps(itl, totals, end_s - gap_t[m], 1.0)
+        else:
+            n_risky = int(risky[0, 0])
+            risky = grow(risky, n_risky + 2)
+            risky[n_risky + 1, 0] = gap_req[m]
+            risky[n_risky + 1, 1] = end_s - gap_t[m]
+            risky[0, 0] = n_risky + 1
+    return risky
+
+
+@njit(cache=True, _nrt=False)
+def _release_finished(st, run, run_t, req, first, step_index, hold, end_s, slot_times, pool, seat_blocks):
     """Requests that produced their whole output leave the running table and free their blocks; the others keep
     their order. With ``hold`` (async scheduling) the ones that finished in step ``step_index`` stay one step
     more. A closed-loop client whose request finished in this step may send again from ``end_s``. Rows before
@@ -356,12 +427,13 @@ def _release_finished(st, run, req, times, first, step_index, hold, end_s, slot_
     for i in range(first, st[ST_RUNNING]):
         r = run[i, RUN_REQ]
         done = run[i, RUN_EMIT] == run[i, RUN_OUT]
-        if done and times[r, TIME_FINISH] == step_index:
+        just_done = done and run[i, RUN_LAST] == step_index
+        if just_done:
             _free_slot(st, slot_times, end_s)
-        if done and not (hold and times[r, TIME_FINISH] == step_index):
+        if done and not (hold and just_done):
             req[r, REQ_EMITTED] = run[i, RUN_EMIT]
             if pool.shape[0] > 1:
-                kv.release(st, pool, seat_blocks[run[i, RUN_SEAT]], run[i, RUN_BLOCKS], run[i, RUN_SEAT])
+                kv.release(st, pool, seat_blocks, run[i, RUN_SEAT], run[i, RUN_BLOCKS])
             else:
                 st[ST_FREE_BLOCKS] += run[i, RUN_BLOCKS]
             st[ST_FINISHED] += 1
@@ -372,6 +444,7 @@ def _release_finished(st, run, req, times, first, step_index, hold, end_s, slot_
         if j != i:
             for col in range(RUN_COLUMNS):
                 run[j, col] = run[i, col]
+            run_t[j] = run_t[i]
         j += 1
     st[ST_RUNNING] = j
     st[ST_PENDING] = held
@@ -379,21 +452,23 @@ def _release_finished(st, run, req, times, first, step_index, hold, end_s, slot_
 
 
 @njit(cache=True)
-def _stamp_times(steps, n_steps, live, tok_times, times):
-    """Step indices to times: every emission happens at the end of its step."""
+def _stamp_tokens(steps, n_steps, tok_times):
+    """Step indices to times in the token record: every emission happens at the end of its step."""
     ends = steps[:n_steps, STEP_START] + steps[:n_steps, STEP_DURATION]
     for i in range(tok_times.shape[0]):
         if tok_times[i] == tok_times[i]:
             tok_times[i] = ends[int(tok_times[i])]
-    for r in live:
-        if times[r, TIME_FIRST] == times[r, TIME_FIRST]:
-            times[r, TIME_FIRST] = ends[int(times[r, TIME_FIRST])]
-        if times[r, TIME_FINISH] == times[r, TIME_FINISH]:
-            times[r, TIME_FINISH] = ends[int(times[r, TIME_FINISH])]
-            times[r, TIME_RELEASE] = times[r, TIME_FINISH]
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
+def _settle_risky(itl, totals, risky, req):
+    """The gaps set aside for requests that might have been rejected: counted for those that were not."""
+    for m in range(1, int(risky[0, 0]) + 1):
+        if req[int(risky[m, 0]), REQ_REJECT] == 0:
+            add_gaps(itl, totals, risky[m, 1], 1.0)
+
+
+@njit(cache=True, _nrt=False)
 def _account_tokens(live, req):
     """Token accounting: positions computed, and recomputed because of preemption.
 
@@ -413,16 +488,32 @@ def _account_tokens(live, req):
 
 
 @njit(cache=True)
+def _record_scheduled(sched, st, run, lo, hi):
+    """One schedule row per row scheduled in this iteration (and one for the prefix hits of a new admission)."""
+    for k in range(lo, hi):
+        if run[k, RUN_TOK] == 0:
+            continue
+        if run[k, RUN_HIT] > 0 and run[k, RUN_COMP] == run[k, RUN_HIT]:  # admitted now, with prefix hits
+            sched = record_sched(sched, st[ST_SCHED], st[ST_STEPS], run[k, RUN_REQ], run[k, RUN_HIT], KIND_CACHED)
+            st[ST_SCHED] += 1
+        sched = record_sched(sched, st[ST_SCHED], st[ST_STEPS], run[k, RUN_REQ], run[k, RUN_TOK],
+                             KIND_DECODE if _is_decode(run, k) else KIND_PREFILL)
+        st[ST_SCHED] += 1
+    return sched
+
+
+@njit(cache=True)
 def run_iterations(live, req, times, tok_times, coef, chunked, rules, max_num_seqs, budget, threshold,
                    prefill_only_steps, usable_blocks, block_size, record, max_concurrency, prefix_ids,
-                   prefix_tokens):
+                   prefix_tokens, record_steps, itl, totals):
     """Iteration-level policies: Orca-style ``continuous`` and vLLM ``chunked`` (DESIGN sections 4 and 4c).
 
     ``budget`` <= 0 means no token budget (continuous only). ``max_concurrency`` > 0 holds at most that many
     requests in flight (closed-loop clients); a request's send time is ``times[:, TIME_SENT]`` (NaN: the
     kernel decides, closed loop). With async scheduling the iteration after the one running is planned when
     that one starts: it sees the requests sent by then, and the ones that finish in it still hold their seat
-    and blocks.
+    and blocks. ``record_steps``: keep one row per iteration; ``tok_times`` (empty: no token record) gets every
+    token's time. Inter-token gaps go into the histogram ``itl`` and the run's totals into ``totals``.
     """
     n = req.shape[0]
     n_live = live.shape[0]
@@ -430,6 +521,11 @@ def run_iterations(live, req, times, tok_times, coef, chunked, rules, max_num_se
     asynchronous = chunked and rules & RULE_ASYNC != 0
     frontend = np.full(1, -np.inf)  # when the API server is free
     run = np.zeros((min(n, max_num_seqs) + 1, RUN_COLUMNS), np.int64)
+    run_t = np.full(run.shape[0], np.nan)  # when each row's last token came
+    gap_t = np.empty(run.shape[0])
+    gap_req = np.empty(run.shape[0], np.int64)
+    events = np.empty(run.shape[0], np.int64)
+    risky = np.zeros((1, 2))  # row 0: entries; then (request, gap s) of requests that may yet be rejected
     wait = np.empty(n, np.int64)  # waiting queue: a ring buffer, since preempted requests go back to its front
     skipped = np.empty(n, np.int64)
     victims = np.empty(n, np.int64)
@@ -437,16 +533,21 @@ def run_iterations(live, req, times, tok_times, coef, chunked, rules, max_num_se
     max_blocks = 1
     for r in live:
         max_blocks = max(max_blocks, blocks_for(req[r, REQ_PROMPT] + req[r, REQ_OUTPUT], block_size))
+        req[r, REQ_LAST_STEP] = -2
+        # Chunking off: a preempted request whose recomputation outgrows the budget is rejected.
+        risk = chunked and rules & RULE_CHUNKING == 0 and req[r, REQ_PROMPT] + req[r, REQ_OUTPUT] - 1 > budget
+        req[r, REQ_RISK] = 1 if risk else 0
     pool = kv.new_pool(usable_blocks, run.shape[0]) if caching else np.zeros(1, np.int64)
     seat_blocks = np.zeros((run.shape[0], max_blocks) if caching else (1, 1), np.int64)
     hit_slots = np.empty(max_blocks if caching else 1, np.int64)
-    steps = np.empty((1024, len(STEP_COLUMNS)))
+    steps = np.empty((1024 if record_steps else 1, len(STEP_COLUMNS)))
     sched = np.empty((1024 if record else 1, len(SCHED_COLUMNS)), np.int64)
     st = np.zeros(N_STATE, np.int64)
     st[ST_FREE_BLOCKS] = usable_blocks
     st[ST_SEATS] = run.shape[0] if caching else 0
     now = 0.0
     last_start = 0.0
+    prev_end = np.nan
     busy = False  # a step has just run, so async scheduling planned this one when that step started
     first_held = 1 << 62  # the first row async scheduling still holds after it finished
     while st[ST_FINISHED] < n_live:
@@ -458,7 +559,7 @@ def run_iterations(live, req, times, tok_times, coef, chunked, rules, max_num_se
                 next_sent = _send_and_queue(st, times, live, wait, slot_times, view_s, req, coef, frontend)
         if st[ST_RUNNING] == 0 and st[ST_WAIT_LEN] == 0:
             if next_sent == np.inf:
-                return STATUS_STUCK, steps[:st[ST_STEPS]], sched[:st[ST_SCHED]]
+                return STATUS_STUCK, steps[:0], sched[:st[ST_SCHED]]
             now = max(now, next_sent)
             busy = False
             continue
@@ -466,18 +567,18 @@ def run_iterations(live, req, times, tok_times, coef, chunked, rules, max_num_se
         if rules & RULE_THRESHOLD_ALONE and st[ST_RUNNING] + st[ST_WAIT_LEN] <= 1:
             thr = 0  # nobody to starve
         if not chunked:
-            first_new = _admit_whole_prompts(st, run, wait, req, times, now, budget, max_num_seqs, block_size)
+            first_new = _admit_whole_prompts(st, run, run_t, wait, req, times, now, budget, max_num_seqs, block_size)
             lo = first_new if (prefill_only_steps and st[ST_RUNNING] > first_new) else 0
             hi = st[ST_RUNNING]
             n_scheduled = hi - lo
             n_victims = 0
         else:
             hi, n_scheduled, left, n_victims, n_dropped = _schedule_running(
-                st, run, wait, req, victims, budget, thr, block_size, pool, seat_blocks, prefix_ids, prefix_tokens,
-                max_blocks + 1)
+                st, run, run_t, wait, req, times, victims, budget, thr, block_size, pool, seat_blocks, prefix_ids,
+                prefix_tokens, max_blocks + 1, st[ST_STEPS], prev_end)
             # Nobody is admitted in an iteration that preempted.
             if n_dropped == 0 and st[ST_WAIT_LEN] > 0 and left > 0 and st[ST_RUNNING] < max_num_seqs:
-                _admit_waiting(st, run, wait, skipped, req, times, slot_times, now, left, budget, thr, rules,
+                _admit_waiting(st, run, run_t, wait, skipped, req, times, slot_times, now, left, budget, thr, rules,
                                max_num_seqs, block_size, pool, seat_blocks, prefix_ids, prefix_tokens, max_blocks + 1,
                                hit_slots)
                 if st[ST_RUNNING] > hi:
@@ -492,40 +593,46 @@ def run_iterations(live, req, times, tok_times, coef, chunked, rules, max_num_se
         if n_scheduled == 0:
             if asynchronous and busy:
                 # The plan made while the last step ran was empty: the engine waits for that step and plans again.
-                _release_finished(st, run, req, times, 0, -1, False, now, slot_times, pool, seat_blocks)
+                _release_finished(st, run, run_t, req, 0, -1, False, now, slot_times, pool, seat_blocks)
                 first_held = 1 << 62
                 busy = False
                 continue
             # Only possible when every waiting request was just rejected; anything else is a bug.
             if st[ST_FINISHED] == n_live or (st[ST_RUNNING] == 0 and st[ST_WAIT_LEN] == 0):
                 continue
-            return STATUS_STUCK, steps[:st[ST_STEPS]], sched[:st[ST_SCHED]]
+            return STATUS_STUCK, steps[:0], sched[:st[ST_SCHED]]
         if record:
-            for k in range(lo, hi):
-                if run[k, RUN_TOK] == 0:
-                    continue
-                if run[k, RUN_HIT] > 0 and run[k, RUN_COMP] == run[k, RUN_HIT]:  # admitted now, with prefix hits
-                    sched = record_sched(sched, st[ST_SCHED], st[ST_STEPS], run[k, RUN_REQ], run[k, RUN_HIT],
-                                         KIND_CACHED)
-                    st[ST_SCHED] += 1
-                sched = record_sched(sched, st[ST_SCHED], st[ST_STEPS], run[k, RUN_REQ], run[k, RUN_TOK],
-                                     KIND_DECODE if _is_decode(run, k) else KIND_PREFILL)
-                st[ST_SCHED] += 1
-        prefill_tokens, decode_seqs, attn_work, cached, sampled, first_done = _run_scheduled(
-            run, lo, hi, st[ST_STEPS], times, tok_times)
+            sched = _record_scheduled(sched, st, run, lo, hi)
+        step = st[ST_STEPS]
+        if lo > 0:  # Orca's prefill-only step leaves the decoders out
+            _settle_last(run, run_t, 0, lo, step, prev_end)
+        prefill_tokens, decode_seqs, attn_work, cached, sampled, first_done, n_next, n_gaps, n_events = _run_scheduled(
+            run, run_t, lo, hi, step, prev_end, tok_times, gap_t, gap_req, events)
         dur, _g, _a, _c, _e, _l, _u, flops, nbytes, bound = step_cost(
             coef, decode_seqs + prefill_tokens, attn_work, cached, sampled, n_scheduled, asynchronous)
-        steps = record_step(steps, st[ST_STEPS], now, dur, prefill_tokens, decode_seqs, st[ST_RUNNING],
-                            usable_blocks - st[ST_FREE_BLOCKS], bound, flops, nbytes, st[ST_CACHED_BLOCKS])
+        if record_steps:
+            steps = record_step(steps, step, now, dur, prefill_tokens, decode_seqs, st[ST_RUNNING],
+                                usable_blocks - st[ST_FREE_BLOCKS], bound, flops, nbytes, st[ST_CACHED_BLOCKS])
         st[ST_STEPS] += 1
+        totals[TOTAL_BUSY_S] += dur
+        totals[TOTAL_SEQ_STEPS] += st[ST_RUNNING]
         last_start = now
         now += dur
         busy = True
+        if n_next > 0:
+            add_gaps(itl, totals, now - prev_end, n_next)
+        if n_gaps > 0:
+            risky = _count_gaps(itl, totals, gap_t, gap_req, n_gaps, now, risky)
+        _stamp_events(run, events, n_events, now, times)
+        prev_end = now
         if first_done >= 0 or st[ST_PENDING] > 0:
             first = first_held if first_done < 0 else min(first_done, first_held)
-            first_held = _release_finished(st, run, req, times, first, st[ST_STEPS] - 1, asynchronous, now,
-                                           slot_times, pool, seat_blocks)
+            first_held = _release_finished(st, run, run_t, req, first, step, asynchronous, now, slot_times, pool,
+                                           seat_blocks)
     n_steps = st[ST_STEPS]
-    _stamp_times(steps, n_steps, live, tok_times, times)
+    totals[TOTAL_STEPS] = n_steps
+    if tok_times.shape[0] > 0:
+        _stamp_tokens(steps, n_steps, tok_times)
+    _settle_risky(itl, totals, risky, req)
     _account_tokens(live, req)
-    return STATUS_OK, steps[:n_steps], sched[:st[ST_SCHED]]
+    return STATUS_OK, steps[:n_steps if record_steps else 0], sched[:st[ST_SCHED]]

@@ -46,7 +46,7 @@ def new_pool(n_slots, n_seats):
     return pool
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _sections(pool):
     """Offsets of the slot keys, reference counts, previous and next links, table keys and slots, and seats."""
     n = pool[POOL_SLOTS]
@@ -59,7 +59,7 @@ def _sections(pool):
     return key, ref, prev, nxt, tkey, tslot, tslot + pool[POOL_TABLE]
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def block_key(req, r, b, block_size, prefix_ids, prefix_tokens, unique_stride):
     """The cache key of block ``b`` of request ``r``: shared inside its prefix ids, its own elsewhere."""
     end = (b + 1) * block_size
@@ -71,13 +71,13 @@ def block_key(req, r, b, block_size, prefix_ids, prefix_tokens, unique_stride):
     return -1 - (r * unique_stride + b)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _home(key, mask):
     h = key * _HASH_MULTIPLIER
     return (h ^ (h >> 29)) & mask
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _probe(pool, key):
     """The table index holding ``key``, or the empty index that ends its probe run (linear probing)."""
     tkey = _sections(pool)[4]
@@ -88,7 +88,7 @@ def _probe(pool, key):
     return i
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def table_find(pool, key):
     """The slot caching ``key``, or -1."""
     _k, _r, _p, _n, tkey, tslot, _s = _sections(pool)
@@ -96,7 +96,7 @@ def table_find(pool, key):
     return pool[tslot + i] if pool[tkey + i] == key else -1
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _table_insert(pool, key, slot):
     _k, _r, _p, _n, tkey, tslot, _s = _sections(pool)
     i = _probe(pool, key)  # the key is absent: an empty index
@@ -104,7 +104,7 @@ def _table_insert(pool, key, slot):
     pool[tslot + i] = slot
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _table_delete(pool, key):
     """Remove ``key`` (present) and shift back the run behind it so every key stays reachable from its home."""
     _k, _r, _p, _n, tkey, tslot, _s = _sections(pool)
@@ -124,13 +124,13 @@ def _table_delete(pool, key):
     pool[tkey + i] = NO_KEY
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _unlink(pool, prev, nxt, s):
     pool[nxt + pool[prev + s]] = pool[nxt + s]
     pool[prev + pool[nxt + s]] = pool[prev + s]
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _link_after(pool, prev, nxt, s, after):
     pool[nxt + s] = pool[nxt + after]
     pool[prev + s] = after
@@ -138,7 +138,7 @@ def _link_after(pool, prev, nxt, s, after):
     pool[nxt + after] = s
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def longest_hit(req, r, n_tokens, block_size, prefix_ids, prefix_tokens, unique_stride, pool, hit_slots):
     """Cached blocks from the start of request ``r`` (never its last token: a full hit recomputes it).
 
@@ -159,16 +159,17 @@ def longest_hit(req, r, n_tokens, block_size, prefix_ids, prefix_tokens, unique_
     return n, idle
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def take_seat(st, pool):
     """A free row of the block table."""
     st[ST_SEATS] -= 1
     return pool[_sections(pool)[6] + st[ST_SEATS]]
 
 
-@njit(cache=True)
-def take_hits(st, pool, blocks, n_hits, hit_slots):
-    """The request takes the cached blocks it hit: a reference each, out of the free queue if idle."""
+@njit(cache=True, _nrt=False)
+def take_hits(st, pool, seat_blocks, seat, n_hits, hit_slots):
+    """The request in row ``seat`` of the block table takes the cached blocks it hit: a reference each, out of
+    the free queue if idle."""
     _k, ref, prev, nxt, _t, _ts, _s = _sections(pool)
     for i in range(n_hits):
         s = hit_slots[i]
@@ -176,12 +177,13 @@ def take_hits(st, pool, blocks, n_hits, hit_slots):
             _unlink(pool, prev, nxt, s)
             st[ST_FREE_BLOCKS] -= 1
         pool[ref + s] += 1
-        blocks[i] = s
+        seat_blocks[seat, i] = s
 
 
-@njit(cache=True)
-def allocate(st, pool, blocks, held, n_new):
-    """Pop ``n_new`` slots from the head of the free queue into ``blocks[held:]``, evicting their keys."""
+@njit(cache=True, _nrt=False)
+def allocate(st, pool, seat_blocks, seat, held, n_new):
+    """Pop ``n_new`` slots from the head of the free queue into ``seat_blocks[seat, held:]``, evicting their keys.
+    (A row of the block table is passed as table and row: a view would cost reference counting.)"""
     key, ref, prev, nxt, _t, _ts, _s = _sections(pool)
     sentinel = pool[POOL_SLOTS]
     for i in range(n_new):
@@ -193,20 +195,21 @@ def allocate(st, pool, blocks, held, n_new):
             pool[key + s] = NO_KEY
             st[ST_CACHED_BLOCKS] -= 1
         pool[ref + s] = 1
-        blocks[held + i] = s
+        seat_blocks[seat, held + i] = s
     st[ST_FREE_BLOCKS] -= n_new
 
 
-@njit(cache=True)
-def register_full(st, pool, req, r, blocks, first, last, block_size, prefix_ids, prefix_tokens, unique_stride):
+@njit(cache=True, _nrt=False)
+def register_full(st, pool, req, r, seat_blocks, seat, first, last, block_size, prefix_ids, prefix_tokens,
+                  unique_stride):
     """Cache blocks ``first .. last - 1`` of request ``r``, now full of known tokens (a key cached already by
     another block stays with that block, as vLLM keeps the first)."""
     key = _sections(pool)[0]
     for b in range(first, last):
-        k = block_key(req, r, b, block_size, prefix_ids, prefix_tokens, unique_stride)
-        s = blocks[b]
+        s = seat_blocks[seat, b]
         if pool[key + s] != NO_KEY:
             continue
+        k = block_key(req, r, b, block_size, prefix_ids, prefix_tokens, unique_stride)
         if k < 0:  # the request's own block: cached, indexed only if the request is preempted
             pool[key + s] = UNINDEXED
             st[ST_CACHED_BLOCKS] += 1
@@ -216,26 +219,26 @@ def register_full(st, pool, req, r, blocks, first, last, block_size, prefix_ids,
             st[ST_CACHED_BLOCKS] += 1
 
 
-@njit(cache=True)
-def index_own_blocks(pool, req, r, blocks, held, block_size, prefix_ids, prefix_tokens, unique_stride):
+@njit(cache=True, _nrt=False)
+def index_own_blocks(pool, req, r, seat_blocks, seat, held, block_size, prefix_ids, prefix_tokens, unique_stride):
     """Before a preempted request lets go of its blocks, index its own cached ones so it can find them again."""
     key = _sections(pool)[0]
     for b in range(held):
-        s = blocks[b]
+        s = seat_blocks[seat, b]
         if pool[key + s] == UNINDEXED:
             k = block_key(req, r, b, block_size, prefix_ids, prefix_tokens, unique_stride)
             _table_insert(pool, k, s)
             pool[key + s] = k
 
 
-@njit(cache=True)
-def release(st, pool, blocks, held, seat):
+@njit(cache=True, _nrt=False)
+def release(st, pool, seat_blocks, seat, held):
     """Drop a request's references, last block first: idle cached blocks join the free queue's tail (the
     request's tail is evicted before its head), idle uncached ones its head. Its seat is free again."""
     key, ref, prev, nxt, _t, _ts, seats = _sections(pool)
     sentinel = pool[POOL_SLOTS]
     for i in range(held - 1, -1, -1):
-        s = blocks[i]
+        s = seat_blocks[seat, i]
         pool[ref + s] -= 1
         if pool[ref + s] == 0:
             after = pool[prev + sentinel] if pool[key + s] != NO_KEY else sentinel
@@ -245,7 +248,7 @@ def release(st, pool, blocks, held, seat):
     st[ST_SEATS] += 1
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def blocks_to_admit(n_tokens, computed, want, n_hits, idle_hits, block_size):
     """Blocks a waiting request needs from the free pool: for its first chunk and for its whole sequence."""
     chunk = blocks_for(computed + want, block_size) - n_hits + idle_hits

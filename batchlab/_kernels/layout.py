@@ -62,8 +62,9 @@ RULE_STOP_UNFIT = 32  # chunking off: a waiting prompt that does not fit the bud
 # -- the running table: one row per running request, in admission order, so every pass over the running set walks
 # contiguous memory (the per-request arrays are too large to stay in cache).
 (RUN_REQ, RUN_PROMPT, RUN_EMIT, RUN_COMP, RUN_OUT, RUN_BLOCKS, RUN_TOK, RUN_TOKPOS, RUN_SEAT, RUN_CACHED,
- RUN_HIT) = range(11)
-RUN_COLUMNS = 11  # RUN_SEAT: row of the block table (prefix caching); RUN_CACHED: blocks cached; RUN_HIT: tokens hit
+ RUN_HIT, RUN_LAST, RUN_RISK) = range(13)
+RUN_COLUMNS = 13  # RUN_SEAT: row of the block table (prefix caching); RUN_CACHED: blocks cached; RUN_HIT: tokens hit
+# RUN_LAST: the step of the row's last emitted token; RUN_RISK: 1 if the request may yet be rejected (its gaps wait)
 
 # -- the loop's scalar state, one int64 vector so the step helpers can update it in place ------------------------
 ST_RUNNING = 0  # rows of the running table in use
@@ -85,10 +86,24 @@ N_STATE = 13
 # one array for them (each array argument of a jitted call costs reference counting, once per iteration).
 (REQ_PROMPT, REQ_OUTPUT, REQ_TOK_OFF, REQ_EMITTED, REQ_LOST, REQ_HIGH_WATER, REQ_PREEMPT, REQ_REJECT,
  REQ_COMPUTED, REQ_RECOMPUTED, REQ_PADDED, REQ_CACHED, REQ_LAST_HIT, REQ_PREFIX_START,
- REQ_PREFIX_END) = range(15)
-REQ_COLUMNS = 15  # int64: prompt, output, token offset, what the loop counts, the request's prefix ids' range
-TIME_ARRIVAL, TIME_SENT, TIME_FIRST, TIME_FINISH, TIME_SCHED, TIME_RELEASE, TIME_SEEN = range(7)
-TIME_COLUMNS = 7  # float64, seconds (step indices for first and finish inside the iteration loop)
+ REQ_PREFIX_END, REQ_LAST_STEP, REQ_RISK) = range(17)
+REQ_COLUMNS = 17  # int64: prompt, output, token offset, what the loop counts, the request's prefix ids' range
+TIME_ARRIVAL, TIME_SENT, TIME_FIRST, TIME_FINISH, TIME_SCHED, TIME_RELEASE, TIME_SEEN, TIME_LAST = range(8)
+TIME_COLUMNS = 8  # float64, seconds; REQ_LAST_STEP and TIME_LAST keep a preempted request's last token
+# REQ_RISK: 1 if a preemption could get the request rejected (chunking off, prompt + output over the budget)
+
+# -- metrics the loops accumulate as they run (DESIGN section 5) --------------------------------------------------
+# Inter-token gaps go into a histogram: bin 0 holds gaps under 2**(ITL_EXP_LO - 1) s, then each octave
+# [2**(e - 1), 2**e) s, e = ITL_EXP_LO .. ITL_EXP_HI, is cut into ITL_SUB equal bins, then one bin for the rest. A
+# bin keeps its count, the sum of its gaps, the smallest and the largest, so a percentile read from it is off by
+# less than one bin's width: under 2**-13 of the value (0.012 %) for gaps from 1 ns to 24 days (see gaps.py).
+ITL_SUB = 8192
+ITL_EXP_LO, ITL_EXP_HI = -29, 21
+ITL_BINS = (ITL_EXP_HI - ITL_EXP_LO + 1) * ITL_SUB + 2
+ITL_RELATIVE_ERROR = 1.0 / ITL_SUB
+# Run totals, one float64 vector.
+TOTAL_BUSY_S, TOTAL_STEPS, TOTAL_SEQ_STEPS, TOTAL_ITL_S, TOTAL_ITL_COUNT = range(5)
+N_TOTALS = 5
 
 # -- the prefix cache -------------------------------------------------------------------------------------------
 NO_KEY = -(2**63)  # an empty hash-table slot or a physical block holding no cached key

@@ -20,7 +20,7 @@ def grow(a, needed):
     return b
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def blocks_for(tokens, block_size):
     return (tokens + block_size - 1) // block_size
 

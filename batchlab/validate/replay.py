@@ -45,7 +45,7 @@ def _cost(run: pd.Series, cost) -> CostModel:
     raise ValueError(f"cost must be None, a CostModel or a callable run -> CostModel, got {type(cost).__name__}")
 
 
-def simulate_run(run, cost=None, seed=0, **knob_overrides):
+def simulate_run(run, cost=None, seed=0, record_tokens=False, **knob_overrides):
     """Simulate the whole stream ``run`` belongs to (every stage of its experiment).
 
     Parameters
@@ -56,6 +56,8 @@ def simulate_run(run, cost=None, seed=0, **knob_overrides):
         None: :func:`cost_for`; a callable ``cost(run) -> CostModel``; or a CostModel of the run's model and GPU.
     seed : int or numpy.random.Generator
         Seeds the stream (:func:`build_requests`).
+    record_tokens : bool, default False
+        Keep every token's time and iteration (:func:`batchlab.simulate`); the metrics do not need them.
     **knob_overrides
         Passed to :func:`knobs_for` (e.g. ``enable_prefix_caching=False``). The KV pool, where not published,
         is sized for the cost model used (so ``kv_dtype="fp8"`` doubles it).
@@ -69,7 +71,8 @@ def simulate_run(run, cost=None, seed=0, **knob_overrides):
     run = get_run(run)
     cost = _cost(run, cost)
     requests, stages = build_requests(run, seed, *client_timing(run, cost))
-    return simulate(requests, cost=cost, **knobs_with(run, cost, **knob_overrides)), stages
+    return simulate(requests, cost=cost, record_tokens=record_tokens,
+                    **knobs_with(run, cost, **knob_overrides)), stages
 
 
 def client_timing(run: pd.Series, cost: CostModel) -> tuple[float, float]:
