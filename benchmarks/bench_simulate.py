@@ -12,6 +12,9 @@ policy, both measured in this one run:
 
 Rows: the four policies, ``chunked`` with vLLM 0.33's rules and defaults (async scheduling, prefix caching,
 full-prompt reservation, max_model_len) and ``chunked-v1`` with those switched off (batchlab's first rules).
+Each kernel is timed twice: keeping every token's time and iteration (``record_tokens=True``, as the bare loop
+and the reference keep them) and keeping only the metrics the loop accumulates (``record_tokens=False``, what
+sweeps and long replays run).
 Run: ``python benchmarks/bench_simulate.py``.
 """
 from __future__ import annotations
@@ -108,22 +111,23 @@ def main():
     bare_args = (reqs.arrival_s, reqs.prompt_tokens, reqs.output_tokens, 256)
     bare_loop(*(a[:10] if isinstance(a, np.ndarray) else a for a in bare_args))  # compile outside the timing
     print(f"{N_REQUESTS:,} requests (lognormal 1000/250 tokens, CV 1, Poisson 40 req/s), Llama-3-8B on H100 SXM")
-    print(f"{'policy':<11} {'steps':>9} {'seq-steps':>12} {'kernel s':>9} {'ns/seq-step':>12} "
-          f"{'bare ns':>8} {'vs bare loop':>13} {'ref ns':>8} {'vs reference':>13}")
+    print(f"{'':<33}{'record_tokens=True':^37}|{'record_tokens=False':^37}")
+    print(f"{'policy':<11} {'steps':>9} {'seq-steps':>11} " + f"{'kernel s':>9} {'ns/seq-step':>11} "
+          f"{'vs bare':>7} {'vs ref':>7} |" * 2 + f" {'bare ns':>8} {'ref ns':>7}")
     for label, (policy, knobs) in RUNS.items():
         kw = dict(knobs, num_kv_blocks=cost.kv_pool_blocks())
         ref_kw = dict(kw, vllm_033=True) if policy == "chunked" and kw["async_scheduling"] else kw
         bl.simulate(small, policy, cost, **kw)  # compile or load from cache outside the timing
-        secs, res = best_of(functools.partial(bl.simulate, reqs, policy, cost, **kw))
-        seq_steps = int(res.steps["running"].sum())
         bare_secs, (_, bare_steps) = best_of(lambda: bare_loop(*bare_args))
         ref_secs, _ = best_of(functools.partial(reference_simulate, small, policy, cost, **ref_kw), repeat=1)
-        ref_seq_steps = int(bl.simulate(small, policy, cost, **kw).steps["running"].sum())
-        ns = secs / seq_steps * 1e9
         bare_ns = bare_secs / bare_steps * 1e9
-        ref_ns = ref_secs / ref_seq_steps * 1e9
-        print(f"{label:<11} {len(res.steps):>9,} {seq_steps:>12,} {secs:>9.3f} {ns:>12.1f} {bare_ns:>8.2f} "
-              f"{ns / bare_ns:>12.1f}x {ref_ns:>8.0f} {ref_ns / ns:>12.0f}x")
+        ref_ns = ref_secs / bl.simulate(small, policy, cost, **kw).sequence_steps * 1e9
+        line = ""
+        for record in (True, False):
+            secs, res = best_of(functools.partial(bl.simulate, reqs, policy, cost, record_tokens=record, **kw))
+            ns = secs / res.sequence_steps * 1e9
+            line += f"{secs:>9.3f} {ns:>11.1f} {ns / bare_ns:>6.1f}x {ref_ns / ns:>6.0f}x |"
+        print(f"{label:<11} {res.n_steps:>9,} {res.sequence_steps:>11,} {line} {bare_ns:>8.2f} {ref_ns:>7.0f}")
 
 
 if __name__ == "__main__":
