@@ -41,6 +41,7 @@ VEGALITE_MIME = "application/vnd.vegalite.v6+json"
 BOOK_ENV = "BATCHLAB_BOOK"  # "1" while the book builds: its pages load the library themselves
 EMBED_OPTIONS = {"actions": False, "renderer": "svg", "mode": "vega-lite"}
 MAX_ROWS = 50_000  # data is inlined in the page; the ITL timelines are the largest tables
+MAX_RADIO_OPTIONS = 8  # a labelled grid control: radio buttons up to this many values, a select box beyond
 
 # Okabe-Ito: distinguishable under the common colour-vision deficiencies.
 PALETTE = ["#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000"]
@@ -181,9 +182,9 @@ alt.renderers.enable(THEME)
 alt.data_transformers.enable("default", max_rows=MAX_ROWS)
 
 
-# -- grids behind sliders ----------------------------------------------------------------------------------
-def grid_param(name: str, values, label: str | None = None, field: str | None = None, value=None):
-    """A parameter bound to a slider over precomputed ``values``, and the filter that selects them.
+# -- grids behind controls ----------------------------------------------------------------------------------
+def grid_param(name: str, values, label: str | None = None, field: str | None = None, value=None, labels=None):
+    """A parameter bound to a control over precomputed ``values``, and the filter that selects them.
 
     Parameters
     ----------
@@ -197,7 +198,12 @@ def grid_param(name: str, values, label: str | None = None, field: str | None = 
     field : str, optional
         Column holding the grid value in the chart's data (defaults to ``name``).
     value : float, optional
-        Initial value (defaults to the smallest).
+        Initial value (defaults to the smallest; with ``labels``, the grid value nearest it).
+    labels : list of str or callable, optional
+        What the reader sees for each grid value when the grid is an encoding (log2 of a budget, an index):
+        one string per distinct value in ascending order of value, or a function from a value to its string.
+        Up to :data:`MAX_RADIO_OPTIONS` values get radio buttons, more a select box; the parameter's value stays
+        the grid value, so predicates on it are unchanged. :func:`grid_labels` reads them from a frame.
 
     Returns
     -------
@@ -208,15 +214,37 @@ def grid_param(name: str, values, label: str | None = None, field: str | None = 
     """
     grid = np.unique(np.asarray(values, dtype=float))
     gaps = np.diff(grid)
-    if grid.size > 1 and np.allclose(gaps, gaps[0]):
+    start = float(grid[0] if value is None else value)
+    if labels is not None and grid.size > 1:
+        shown = [str(labels(v)) for v in grid.tolist()] if callable(labels) else [str(t) for t in labels]
+        if len(shown) != grid.size:
+            raise ValueError(f"labels: {len(shown)} given for {grid.size} grid values {grid.tolist()}")
+        kind = alt.binding_radio if grid.size <= MAX_RADIO_OPTIONS else alt.binding_select
+        bind = kind(options=grid.tolist(), labels=shown, name=label or name)
+        start = float(grid[np.abs(grid - start).argmin()])  # a radio button or option is checked only on its value
+    elif grid.size > 1 and np.allclose(gaps, gaps[0]):
         bind = alt.binding_range(min=float(grid[0]), max=float(grid[-1]), step=float(gaps[0]), name=label or name)
     elif grid.size > 1:
         bind = alt.binding_select(options=grid.tolist(), name=label or name)
     else:
         bind = alt.Undefined  # one value (a live explore cell): nothing to choose
     tolerance = float(gaps.min() / 2) if grid.size > 1 else 0.5
-    param = alt.param(name=name, value=float(grid[0] if value is None else value), bind=bind)
+    param = alt.param(name=name, value=start, bind=bind)
     return param, f"abs(datum['{field or name}'] - {name}) < {tolerance!r}"
+
+
+def grid_labels(frame: pd.DataFrame, grid: str, shown: str, fmt: str = "{:,}") -> list[str]:
+    """Labels for :func:`grid_param`: ``frame[shown]`` formatted at each distinct ``frame[grid]``, ascending.
+
+    For a grid that encodes a reader's value (``log2_tokens`` for ``max_num_batched_tokens``, ``context_index``
+    for ``context``), so a control shows ``"2,048"`` rather than ``11``. Raises ``ValueError`` if one grid value
+    maps to several shown values. Used by the charts of chapters 04, 06, 07, 08 and 11.
+    """
+    pairs = frame[[grid, shown]].drop_duplicates()
+    if pairs[grid].duplicated().any():
+        raise ValueError(f"grid_labels: some {grid} values map to several {shown} values")
+    values = pairs.sort_values(grid)[shown].tolist()
+    return [fmt.format(int(v) if isinstance(v, float) and v.is_integer() else v) for v in values]
 
 
 # -- tidy frames from a SimResult ---------------------------------------------------------------------------

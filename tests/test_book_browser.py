@@ -2,11 +2,12 @@
 
 Needs ``_build/html`` (``make book``) and Debian's ``/usr/bin/chromium`` driven by Playwright. Checks that no
 page asks any other host for anything, that every chart container draws an svg or canvas, that nothing logs a
-console error, and that moving each slider bound to a chart redraws it. Saves a PNG of each page's first chart
-to ``_build/screenshots/<page>.png`` for a reviewer to look at.
+console error, that moving each slider, radio group or select box bound to a chart redraws it, and that no
+control is labelled with an exponent. Saves a PNG of each page's first chart to ``_build/screenshots/<page>.png``
+for a reviewer to look at.
 
-To cover a new notebook: add it to ``_toc.yml`` (every TOC page is opened), and if its headline chart has a
-bound slider, add ``"notebooks/NN_slug": <number of sliders>`` to ``SLIDER_PAGES`` below.
+To cover a new notebook: add it to ``_toc.yml`` (every TOC page is opened), and if its headline chart has bound
+controls, add ``"notebooks/NN_slug": <number of them>`` to ``SLIDER_PAGES``, ``RADIO_PAGES`` or ``SELECT_PAGES``.
 """
 from __future__ import annotations
 
@@ -31,15 +32,18 @@ LOCAL_HOSTS = {"127.0.0.1"}
 CHART = "div[id^=batchlab-chart-]"
 
 # Page (TOC path without suffix) -> how many range sliders its charts must have; each must redraw its chart.
-# Later: "notebooks/04_step_time_roofline": 1, "notebooks/06_chunked_prefill": 1, "notebooks/08_two_knobs": 1.
 SLIDER_PAGES = {
     "notebooks/01_static_batching": 1,
     "notebooks/02_dynamic_batching": 1,  # max queue delay (the latency metric is a select box)
     "notebooks/03_continuous_batching": 1,  # the highlighted request
-    "notebooks/04_step_time_roofline": 1,  # context per sequence (its grid index)
+}
+# Page -> how many radio groups bound to its charts: grids encoded as log2 or an index, labelled with the value
+# in tokens or sequences (viz.grid_param's labels). Picking another button in each must redraw its chart.
+RADIO_PAGES = {
+    "notebooks/04_step_time_roofline": 1,  # context per sequence (tokens)
     "notebooks/06_chunked_prefill": 1,  # token budget (and a chunking checkbox)
     "notebooks/07_piggybacking": 1,  # token budget of the split chart
-    "notebooks/08_two_knobs": 2,  # max_num_seqs and max_num_batched_tokens (the rate is radio buttons)
+    "notebooks/08_two_knobs": 3,  # max_num_seqs, max_num_batched_tokens and the request rate
     "notebooks/11_fact_check": 1,
 }
 
@@ -146,6 +150,7 @@ def test_toc_pages_were_built():
 def test_slider_pages_are_in_toc():
     assert set(SLIDER_PAGES) <= set(PAGES), "SLIDER_PAGES names a page that is not in _toc.yml"
     assert set(SELECT_PAGES) <= set(PAGES), "SELECT_PAGES names a page that is not in _toc.yml"
+    assert set(RADIO_PAGES) <= set(PAGES), "RADIO_PAGES names a page that is not in _toc.yml"
 
 
 @pytest.mark.parametrize("visit", PAGES, indirect=True)
@@ -155,6 +160,8 @@ def test_page_is_offline_and_every_chart_draws(visit):
     assert len(ids) == len(set(ids)), f"{page}: duplicate chart ids {ids}"
     for chart_id in ids:
         v.wait_drawn(chart_id)
+    controls = v.page.locator(f"{CHART} .vega-bind").all_inner_texts()
+    assert not [t for t in controls if "2^" in t], f"{page}: a control shows an exponent: {controls}"
     try:  # late requests (to any host) would show up here
         v.page.wait_for_load_state("networkidle", timeout=60_000)
     except Exception:  # Playwright's idle signal can stall on a loaded machine: trust the request log instead
@@ -201,6 +208,20 @@ def test_every_bound_slider_redraws_its_chart(visit):
     assert sliders.count() >= SLIDER_PAGES[page], f"{page}: expected {SLIDER_PAGES[page]} sliders"
     for i in range(sliders.count()):
         _redraws(v, page, sliders.nth(i), _move_slider, f"slider{i + 1}")
+    assert not v.errors, f"{page}: console errors {v.errors}"
+
+
+def _pick_other_button(group):
+    group.locator("input[type=radio]:not(:checked)").first.check()
+
+
+@pytest.mark.parametrize("visit", sorted(RADIO_PAGES), indirect=True)
+def test_every_bound_radio_group_redraws_its_chart(visit):
+    page, v = visit
+    groups = v.page.locator(f"{CHART} .vega-bindings .vega-bind-radio")
+    assert groups.count() >= RADIO_PAGES[page], f"{page}: expected {RADIO_PAGES[page]} radio groups"
+    for i in range(groups.count()):
+        _redraws(v, page, groups.nth(i), _pick_other_button, f"radio{i + 1}")
     assert not v.errors, f"{page}: console errors {v.errors}"
 
 

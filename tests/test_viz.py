@@ -94,6 +94,34 @@ def test_grid_param_tolerance_and_binding():
     assert "bind" not in viz.grid_param("n", [4])[0].param.to_dict()
 
 
+def test_grid_param_with_labels_shows_them_and_keeps_the_grid_values():
+    param, predicate = viz.grid_param("log2_tokens", [11, 9, 10, 9], "budget (tokens)", value=10,
+                                      labels=["512", "1,024", "2,048"])
+    spec = param.param.to_dict()
+    assert spec["bind"] == {"input": "radio", "options": [9.0, 10.0, 11.0], "labels": ["512", "1,024", "2,048"],
+                            "name": "budget (tokens)"}
+    assert spec["value"] == 10.0 and predicate == "abs(datum['log2_tokens'] - log2_tokens) < 0.5"
+    # a callable labels each value; past MAX_RADIO_OPTIONS values the buttons become a select box
+    many = np.arange(viz.MAX_RADIO_OPTIONS + 1)
+    spec = viz.grid_param("i", many, labels=lambda v: f"{2 ** v:,.0f}", value=2.2)[0].param.to_dict()
+    assert spec["bind"]["input"] == "select" and spec["bind"]["options"] == many.tolist()
+    assert spec["bind"]["labels"][-1] == f"{2 ** viz.MAX_RADIO_OPTIONS:,}" and spec["value"] == 2.0  # nearest option
+    spec = viz.grid_param("i", many[:-1], labels=str)[0].param.to_dict()
+    assert spec["bind"]["input"] == "radio" and spec["bind"]["labels"] == [str(float(v)) for v in many[:-1]]
+    assert "bind" not in viz.grid_param("i", [3], labels=["8"])[0].param.to_dict()  # one value: nothing to choose
+    with pytest.raises(ValueError, match="labels: 2 given for 3 grid values"):
+        viz.grid_param("i", [1, 2, 3], labels=["a", "b"])
+
+
+def test_grid_labels_read_the_shown_column_in_grid_order():
+    frame = pd.DataFrame({"log2_tokens": [11.0, 9.0, 10.0, 9.0], "max_num_batched_tokens": [2048, 512, 1024, 512]})
+    assert viz.grid_labels(frame, "log2_tokens", "max_num_batched_tokens") == ["512", "1,024", "2,048"]
+    assert viz.grid_labels(frame.astype(float), "log2_tokens", "max_num_batched_tokens") == ["512", "1,024", "2,048"]
+    with pytest.raises(ValueError, match="several max_num_batched_tokens"):
+        viz.grid_labels(frame.assign(max_num_batched_tokens=[2048, 512, 1024, 513]), "log2_tokens",
+                        "max_num_batched_tokens")
+
+
 def test_titles_of_vllm_names():
     assert viz.title("p99_ttft_ms") == "p99 ttft (ms)"
     assert viz.title("duration_s") == "duration (s)"

@@ -4,7 +4,7 @@ The scene is :mod:`batchlab.chapters.scenes`' (decoders at 2,048 tokens of KV ca
 arriving) under ``policy="chunked"``, once per ``max_num_batched_tokens`` and once with chunking off.
 :func:`fit_chunk_hyperbola` fits (ITL_max - t_d)(TTFT - L - N alpha) = N alpha t_d to the chunked runs (L the
 request latency every TTFT includes, known from the cost model), and the chart
-draws the trade with a budget slider, a chunking checkbox and the decoders' gaps at the chosen setting.
+draws the trade with budget buttons, a chunking checkbox and the decoders' gaps at the chosen setting.
 """
 from __future__ import annotations
 
@@ -135,12 +135,13 @@ def chunking_chart(points: pd.DataFrame, timeline: pd.DataFrame, curve: pd.DataF
 
     Returns
     -------
-    altair chart; the slider picks the budget (as log2) and the checkbox turns chunking off, which moves the
-    ring on the trade-off curve and redraws the timeline.
+    altair chart; buttons labelled in tokens pick the budget (the parameter holds its log2) and the checkbox
+    turns chunking off, which moves the ring on the trade-off curve and redraws the timeline.
     """
     chunked = points[points["config"] == "chunked"]
-    budget, at_budget = viz.grid_param("log2_tokens", chunked["log2_tokens"], "max_num_batched_tokens = 2^",
-                                       value=float(np.log2(max_num_batched_tokens)))
+    budget, at_budget = viz.grid_param("log2_tokens", chunked["log2_tokens"], "max_num_batched_tokens (tokens)",
+                                       value=float(np.log2(max_num_batched_tokens)),
+                                       labels=viz.grid_labels(chunked, "log2_tokens", "max_num_batched_tokens"))
     toggle = alt.param(name="chunking", value=True, bind=alt.binding_checkbox(name="chunked prefill "))
     chosen = f"chunking ? (datum.config == 'chunked' && {at_budget}) : datum.config == 'unchunked'"
     ms = {"itl_ms": "datum.itl_max_s * 1000", "ttft_ms": "datum.ttft_s * 1000"}

@@ -110,11 +110,12 @@ def tradeoff_chart(trade: pd.DataFrame, width: int = 420, height: int = 260):
 
     Returns
     -------
-    altair chart; a slider over log2 of the budget rings the chosen point and reads its numbers; the decoders'
-    cadence before the prompt arrived is a dashed rule.
+    altair chart; buttons labelled with the budget in tokens (the parameter holds its log2) ring the chosen
+    point and read its numbers; the decoders' cadence before the prompt arrived is a dashed rule.
     """
-    param, at = viz.grid_param("log2_tokens", trade["log2_tokens"], "max_num_batched_tokens = 2^",
-                               value=float(trade["log2_tokens"].max()))
+    param, at = viz.grid_param("log2_tokens", trade["log2_tokens"], "max_num_batched_tokens (tokens)",
+                               value=float(trade["log2_tokens"].max()),
+                               labels=viz.grid_labels(trade, "log2_tokens", "max_num_batched_tokens"))
     ms = trade.assign(ttft_ms=trade["ttft_s"] * 1e3, itl_max_ms=trade["itl_max_s"] * 1e3)
     x = alt.X("ttft_ms:Q", title="newcomer's ttft (ms)", scale=alt.Scale(zero=False))
     y = alt.Y("itl_max_ms:Q", title="tallest decoder gap (ms)", scale=alt.Scale(zero=True))

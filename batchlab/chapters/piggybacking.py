@@ -249,7 +249,7 @@ def utilisation_chart(steps: pd.DataFrame, ceiling: pd.DataFrame):
 
 
 def budget_split_chart(split: pd.DataFrame, max_num_batched_tokens: int = 2048):
-    """Prompt tokens and decode tokens per iteration over a run, stacked, with a token-budget slider.
+    """Prompt tokens and decode tokens per iteration over a run, stacked, with a token-budget control.
 
     Used in chapter 07.
 
@@ -263,10 +263,12 @@ def budget_split_chart(split: pd.DataFrame, max_num_batched_tokens: int = 2048):
 
     Returns
     -------
-    altair chart; the slider ``log2_tokens`` picks the budget's run and moves the dashed budget line.
+    altair chart; buttons labelled in tokens (parameter ``log2_tokens``, the budget's log2) pick the budget's
+    run and move the dashed budget line.
     """
-    param, at = viz.grid_param("log2_tokens", split["log2_tokens"], "max_num_batched_tokens = 2^",
-                               value=float(np.log2(max_num_batched_tokens)))
+    param, at = viz.grid_param("log2_tokens", split["log2_tokens"], "max_num_batched_tokens (tokens)",
+                               value=float(np.log2(max_num_batched_tokens)),
+                               labels=viz.grid_labels(split, "log2_tokens", "max_num_batched_tokens"))
     base = alt.Chart(split).transform_filter(at)
     kinds = alt.Scale(domain=["decode", "prefill"], range=[KIND_COLORS["decode"], KIND_COLORS["prefill"]])
     area = base.mark_area(interpolate="step-after", opacity=0.85).encode(

@@ -3,7 +3,7 @@
 :func:`step_time_grid` prices a decode step over a batch x context grid, pure roofline and calibrated, on
 each GPU; the knee is :meth:`batchlab.CostModel.knee`, min(ridge, B_kv) with B_kv from
 :meth:`batchlab.CostModel.kv_knee`. :func:`knee_table` compares models; :func:`step_time_roofline_chart`
-draws the curves with a context slider.
+draws the curves with a control over context.
 """
 from __future__ import annotations
 
@@ -29,8 +29,8 @@ def step_time_grid(cost, batches, contexts, hardware=("h100-sxm", "h200")):
     batches : sequence of int
         Decode batch sizes (sequences, >= 1).
     contexts : sequence of int
-        Cached tokens per sequence (>= 0); ``context_index`` numbers them in the given order, so a slider
-        can walk an uneven grid.
+        Cached tokens per sequence (>= 0); ``context_index`` numbers them in the given order, so a chart
+        control can step through an uneven grid.
     hardware : sequence of str
         Presets of :func:`batchlab.get_hardware`.
 
@@ -94,7 +94,7 @@ def knee_table(costs: dict, contexts, hardware=("h100-sxm", "h200")) -> pd.DataF
 
 
 def step_time_roofline_chart(curves: pd.DataFrame, knees: pd.DataFrame, width: int = 215, height: int = 230):
-    """Decode step time against batch on log-log axes, one panel per GPU, a slider over context.
+    """Decode step time against batch on log-log axes, one panel per GPU, a control over context.
 
     Used in chapter 04.
 
@@ -109,12 +109,12 @@ def step_time_roofline_chart(curves: pd.DataFrame, knees: pd.DataFrame, width: i
 
     Returns
     -------
-    altair chart; the slider ``context_step`` walks ``context_index`` (an uneven grid such as 0 to 16k
-    tokens), redraws the curves and moves each knee's rule, marker and label. Curves are dashed and faded
+    altair chart; buttons labelled with the context in tokens (parameter ``context_step``, which holds
+    ``context_index``) redraw the curves and move each knee's rule, marker and label. Curves are dashed and faded
     where the batch's KV cache would not fit in memory.
     """
-    param, at = viz.grid_param("context_step", knees["context_index"], "context per sequence (0, 512, 1k ... 16k)",
-                               field="context_index")
+    param, at = viz.grid_param("context_step", knees["context_index"], "context per sequence (tokens)",
+                               field="context_index", labels=viz.grid_labels(knees, "context_index", "context"))
     curves = curves.assign(step_time_ms=curves["step_time_s"] * 1e3)
     knees = knees.assign(step_time_ms=knees["step_time_s"] * 1e3,
                          label_px=np.where(knees["cost"] == "roofline", 4, 18))

@@ -4,7 +4,7 @@
 server's capacity (:func:`saturation_rate`), except the pairs vLLM refuses to start with, which it keeps as
 rows without numbers; the frontier and the readings of the sweep live in :mod:`batchlab.sweep`
 (:func:`~batchlab.sweep.with_frontier`, :func:`~batchlab.sweep.seqs_plateau`,
-:func:`~batchlab.sweep.default_vs_best`). :func:`two_knobs_chart` draws every operating point with sliders
+:func:`~batchlab.sweep.default_vs_best`). :func:`two_knobs_chart` draws every operating point with buttons
 over both knobs, and the grid of pairs with the refused ones crossed out.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ from ..workload import preset
 
 TWO_KNOB_KINDS = ("accepted", "refused by vLLM", "vLLM serve default", "vLLM offline default")
 TWO_KNOB_SHAPES = ("circle", "cross", "diamond", "square")
-HIGHLIGHT = viz.PALETTE[2]  # green: the point the sliders pick
+HIGHLIGHT = viz.PALETTE[2]  # green: the point the buttons pick
 RATE_COLORS = [viz.PALETTE[i] for i in (5, 0, 1, 3, 4, 7)]  # loads, low to high; no green, that is the highlight
 TWO_KNOB_WIDTH = 470  # px: with the axis labels the chart fits the book's text column
 
@@ -153,7 +153,8 @@ def two_knobs_chart(df: pd.DataFrame, defaults: dict, offline_tokens: int | None
         ``rate_req_s`` (req/s), ``max_num_seqs``, ``max_num_batched_tokens`` (powers of two), ``vllm_refuses``,
         ``x``, ``y``, ``y2``.
     defaults : dict
-        vLLM's ``vllm serve`` defaults (:func:`batchlab.vllm_defaults`): the slider start and a marked point.
+        vLLM's ``vllm serve`` defaults (:func:`batchlab.vllm_defaults`): the knobs selected at first and a
+        marked point.
     offline_tokens : int, optional
         ``max_num_batched_tokens`` of the offline default (same ``max_num_seqs``), marked too.
     rate_req_s : float, optional
@@ -163,18 +164,21 @@ def two_knobs_chart(df: pd.DataFrame, defaults: dict, offline_tokens: int | None
 
     Returns
     -------
-    altair chart: two sliders (log2 of each knob; a select box if a knob's grid is not evenly spaced in log2)
-    and radio buttons for the rate pick the green point; the points of the selected rate are drawn stronger
-    than the rest, and the text above reads the chosen configuration. Pairs vLLM refuses have no operating
-    point: the grid at the bottom draws them as crosses beside the accepted pairs (black on the frontier at the
-    selected rate), and the text says so when the sliders pick one.
+    altair chart: a row of radio buttons per knob, labelled in sequences and tokens (a select box for a grid of
+    more than eight values; the parameters hold each knob's log2), and one for the rate pick the green point;
+    the points of the selected rate are drawn stronger than the rest, and the text above reads the chosen
+    configuration. Pairs vLLM refuses have no operating point: the grid at the bottom draws them as crosses
+    beside the accepted pairs (black on the frontier at the selected rate), and the text says so when the
+    buttons pick one.
     """
     data, marks = _knob_points(df, defaults, offline_tokens, x, y, y2)
     rates = np.sort(data["rate_req_s"].unique())
-    seqs_p, at_seqs = viz.grid_param("log2_seqs", data["log2_seqs"], "max_num_seqs = 2^",
-                                     value=int(np.log2(defaults["max_num_seqs"])))
-    tok_p, at_tok = viz.grid_param("log2_tokens", data["log2_tokens"], "max_num_batched_tokens = 2^",
-                                   value=int(np.log2(defaults["max_num_batched_tokens"])))
+    seqs_p, at_seqs = viz.grid_param("log2_seqs", data["log2_seqs"], "max_num_seqs (sequences)",
+                                     value=int(np.log2(defaults["max_num_seqs"])),
+                                     labels=viz.grid_labels(data, "log2_seqs", "max_num_seqs"))
+    tok_p, at_tok = viz.grid_param("log2_tokens", data["log2_tokens"], "max_num_batched_tokens (tokens)",
+                                   value=int(np.log2(defaults["max_num_batched_tokens"])),
+                                   labels=viz.grid_labels(data, "log2_tokens", "max_num_batched_tokens"))
     rate_value = rates[max(rates.size - 2, 0)] if rate_req_s is None else rate_req_s
     # Radio buttons, not grid_param: a handful of loads reads better as named choices than as a slider.
     rate_p = alt.param(name="rate_req_s", value=float(rate_value),

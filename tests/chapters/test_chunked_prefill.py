@@ -114,12 +114,15 @@ def frames(sweep):
     return points, timeline, fit.curve(chunked["itl_max_s"].min(), chunked["itl_max_s"].max())
 
 
-def test_chunking_chart_params_bind_a_budget_slider_and_a_checkbox(frames):
+def test_chunking_chart_params_bind_budget_buttons_and_a_checkbox(frames):
     spec = chapter.chunking_chart(*frames, max_num_batched_tokens=1024).to_dict()
     params = {p["name"]: p for p in spec["params"]}
-    assert params["log2_tokens"]["bind"] == {"input": "range", "min": 8.0, "max": 11.0, "step": 1.0,
-                                             "name": "max_num_batched_tokens = 2^"}
+    # the reader picks a budget in tokens; the parameter keeps its log2, which the filters compare
+    assert params["log2_tokens"]["bind"] == {"input": "radio", "options": [8.0, 9.0, 10.0, 11.0],
+                                             "labels": ["256", "512", "1,024", "2,048"],
+                                             "name": "max_num_batched_tokens (tokens)"}
     assert params["log2_tokens"]["value"] == 10.0
+    assert not any("2^" in b.get("name", "") for b in walk(spec, "bind") if isinstance(b, dict))
     assert params["chunking"]["bind"]["input"] == "checkbox" and params["chunking"]["value"] is True
     assert "title" not in spec and len(spec["vconcat"]) == 2
 

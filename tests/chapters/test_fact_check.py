@@ -94,8 +94,8 @@ def test_tradeoff_chart_spec():
     spec = chapter.tradeoff_chart(trade).to_dict()
     (param,) = spec["params"]
     assert param["name"] == "log2_tokens" and param["value"] == 11.0
-    assert param["bind"] == {"input": "range", "min": 9.0, "max": 11.0, "step": 1.0,
-                             "name": "max_num_batched_tokens = 2^"}
+    assert param["bind"] == {"input": "radio", "options": [9.0, 10.0, 11.0], "labels": ["512", "1,024", "2,048"],
+                             "name": "max_num_batched_tokens (tokens)"}  # the budget in tokens, not its log2
     kinds = [layer["mark"]["type"] if isinstance(layer["mark"], dict) else layer["mark"] for layer in spec["layer"]]
     assert kinds.count("text") == 3 and {"line", "rule", "point"} <= set(kinds)
     filters = list(walk(spec, "filter"))

@@ -123,13 +123,14 @@ def test_utilisation_chart(cost8b, small_stream):
     assert "title" not in spec and all(t == t.lower() for t in titles(spec))
 
 
-def test_budget_split_chart_slider(cost8b, small_stream):
+def test_budget_split_chart_budget_buttons(cost8b, small_stream):
     split = chapter.budget_split(cost8b, small_stream, [512, 1024, 2048, 4096])
     spec = chapter.budget_split_chart(split, max_num_batched_tokens=2048).to_dict()
     (param,) = spec["params"]
     assert param["name"] == "log2_tokens" and param["value"] == 11.0
-    assert param["bind"] == {"input": "range", "min": 9.0, "max": 12.0, "step": 1.0,
-                             "name": "max_num_batched_tokens = 2^"}
+    assert param["bind"] == {"input": "radio", "options": [9.0, 10.0, 11.0, 12.0],
+                             "labels": ["512", "1,024", "2,048", "4,096"],
+                             "name": "max_num_batched_tokens (tokens)"}  # the budget in tokens, not its log2
     assert marks(spec) == {"area", "rule", "text"}
     area = spec["layer"][0]["encoding"]
     assert area["y"]["stack"] == "zero" and area["color"]["field"] == "kind"

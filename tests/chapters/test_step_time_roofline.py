@@ -106,8 +106,10 @@ def test_step_time_roofline_chart(frames):
     assert "title" not in spec and len(spec["hconcat"]) == 2
     (param,) = spec["params"]
     assert param["name"] == "context_step"
-    assert param["bind"]["input"] == "range" and (param["bind"]["min"], param["bind"]["max"]) == (0.0, 6.0)
-    assert param["bind"]["step"] == 1.0
+    # the reader picks a context in tokens; the parameter keeps the index the filters compare
+    assert param["bind"] == {"input": "radio", "options": [float(i) for i in range(len(CHART_CONTEXTS))],
+                             "labels": [f"{c:,}" for c in CHART_CONTEXTS], "name": "context per sequence (tokens)"}
+    assert param["bind"]["labels"][-1] == "16,384" and param["value"] == 0.0
     assert marks(spec) == {"line", "rule", "point", "text"}
     filters = [f for f in walk(spec, "filter") if isinstance(f, str)]
     assert sum("context_index" in f and "context_step" in f for f in filters) == 2 * 6  # six layers a panel
@@ -133,11 +135,12 @@ def test_drawn_knees_are_the_cost_models(frames):
     assert np.allclose(sorted(ms), sorted(curves["step_time_s"] * 1e3))
 
 
-def test_uneven_grid_gets_a_select_and_one_context_nothing_to_choose(frames):
+def test_uneven_grid_gets_its_contexts_and_one_context_nothing_to_choose(frames):
     curves, knees = frames
     some = knees["context"].isin([0, 1024, 16384])
     spec = chapter.step_time_roofline_chart(curves[curves["context"].isin([0, 1024, 16384])], knees[some]).to_dict()
-    assert spec["params"][0]["bind"]["input"] == "select"  # indices 0, 2, 6 are not evenly spaced
+    bind = spec["params"][0]["bind"]  # indices 0, 2, 6 are not evenly spaced: one button each
+    assert bind["options"] == [0.0, 2.0, 6.0] and bind["labels"] == ["0", "1,024", "16,384"]
     one = curves[(curves["hardware"] == "h200") & (curves["context"] == 4096)]
     spec = chapter.step_time_roofline_chart(
         one, knees[(knees["hardware"] == "h200") & (knees["context"] == 4096)]).to_dict()

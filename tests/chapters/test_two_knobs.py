@@ -81,8 +81,12 @@ def test_two_knobs_chart_controls(df):
     spec = chapter.two_knobs_chart(df, DEFAULTS, offline_tokens=16384).to_dict()  # validates the schema
     params = {p["name"]: p for p in spec["params"]}
     assert set(params) == {"log2_seqs", "log2_tokens", "rate_req_s"}
-    assert params["log2_seqs"]["bind"]["input"] == "range" and params["log2_tokens"]["bind"]["input"] == "range"
-    assert (params["log2_seqs"]["bind"]["min"], params["log2_seqs"]["bind"]["max"]) == (10.0, 12.0)
+    seqs, tokens = params["log2_seqs"]["bind"], params["log2_tokens"]["bind"]
+    assert seqs == {"input": "radio", "options": [10.0, 11.0, 12.0], "labels": ["1,024", "2,048", "4,096"],
+                    "name": "max_num_seqs (sequences)"}  # each knob in its own unit; the parameters hold log2
+    assert tokens == {"input": "radio", "options": [11.0, 12.0, 13.0, 14.0],
+                      "labels": ["2,048", "4,096", "8,192", "16,384"], "name": "max_num_batched_tokens (tokens)"}
+    assert not any("2^" in b.get("name", "") for b in walk(spec, "bind") if isinstance(b, dict))
     assert params["log2_seqs"]["value"] == 10.0 and params["log2_tokens"]["value"] == 13.0  # vLLM's default
     assert params["rate_req_s"]["bind"]["input"] == "radio"
     assert params["rate_req_s"]["bind"]["options"] == [5.0, 10.0]
@@ -139,8 +143,9 @@ def params_value(spec, name):
     return next(p["value"] for p in spec["params"] if p["name"] == name)
 
 
-def test_uneven_knob_grid_falls_back_to_a_select(df):
+def test_uneven_knob_grid_gets_buttons_on_its_values(df):
     uneven = df.replace({"max_num_seqs": {4096: 8192}})  # log2 10, 11, 13: a slider would stop on a missing value
     params = {p["name"]: p for p in chapter.two_knobs_chart(uneven, DEFAULTS).to_dict()["params"]}
-    assert params["log2_seqs"]["bind"]["input"] == "select" and params["log2_tokens"]["bind"]["input"] == "range"
+    assert params["log2_seqs"]["bind"]["options"] == [10.0, 11.0, 13.0]
+    assert params["log2_seqs"]["bind"]["labels"] == ["1,024", "2,048", "8,192"]
     assert params["rate_req_s"]["bind"]["input"] == "radio"  # even two evenly spaced rates stay named choices
