@@ -9,7 +9,9 @@
   an edit to ``batchlab/`` (Sphinx would otherwise reuse the outputs of unedited notebooks).
 * Leaves out sphinx-thebe's assets when thebe is off (they name a CDN and raise a console error).
 * After the build, reads every HTML page and warns (an error under ``-W``) about any script, stylesheet,
-  font or preload that would come from another host, e.g. MathJax from a CDN on a page with ``$math$``.
+  font or preload that would come from another host, e.g. MathJax from a CDN on a page with ``$math$`` (the
+  book serves MathJax from ``_static/mathjax``: sphinx-mathjax-offline), and about any script, stylesheet or
+  icon a page names in the book that is not there.
 """
 from __future__ import annotations
 
@@ -21,11 +23,16 @@ from sphinx.util import logging
 
 BUNDLE = "batchlab-vega.js"
 STYLE = "batchlab-charts.css"
-# A chart wider than the text column scrolls instead of spilling over; slider labels in the chart's type size.
-CHART_CSS = """.batchlab-chart { overflow-x: auto; margin: 0.5rem 0 1rem; }
-.batchlab-chart .vega-bindings { font-size: 0.8rem; margin-top: 0.25rem; }
+# A chart scales down to the text column, svg and legend together at their aspect ratio (vega's svg has a viewBox),
+# instead of spilling over or scrolling: on a phone the whole chart stays in view. Slider labels in the chart's
+# type size. A display formula wider than a phone's column scrolls sideways inside the column.
+# vegaEmbed makes the chart's own div the .vega-embed container (an inline-block otherwise).
+CHART_CSS = """.batchlab-chart, .batchlab-chart.vega-embed { display: block; max-width: 100%; margin: 0.5rem 0 1rem; }
+.batchlab-chart svg.marks, .batchlab-chart canvas.marks { display: block; max-width: 100%; height: auto; }
+.batchlab-chart .vega-bindings { font-size: 0.8rem; margin-top: 0.25rem; max-width: 100%; }
 .batchlab-chart .vega-bind-name { margin-right: 0.5rem; }
-.batchlab-chart .vega-bindings input[type=range] { vertical-align: middle; width: 14rem; }
+.batchlab-chart .vega-bindings input[type=range] { vertical-align: middle; width: 14rem; max-width: 60%; }
+div.math { max-width: 100%; overflow-x: auto; overflow-y: hidden; }
 """
 logger = logging.getLogger(__name__)
 
@@ -47,6 +54,25 @@ def external_assets(html: str) -> list[str]:
         found.append(match.group(3))
     found += [m.group(2) for m in _CSS_URL.finditer(html)]
     return found
+
+
+# A script or a stylesheet, icon or preload a page names by a path inside the book.
+_LOCAL_ASSET = re.compile(r"<(script)\b[^>]*?\bsrc\s*=\s*[\"']([^\"'\s>]+)"
+                          r"|<(link)\b(?=[^>]*\brel\s*=\s*[\"']?(?:stylesheet|icon|shortcut icon|preload)\b)"
+                          r"[^>]*?\bhref\s*=\s*[\"']([^\"'\s>]+)", re.IGNORECASE)
+
+
+def missing_local_assets(page: Path) -> list[str]:
+    """Paths inside the book that ``page`` loads by itself (scripts, stylesheets, icons) and that do not exist."""
+    missing = []
+    for match in _LOCAL_ASSET.finditer(page.read_text(encoding="utf-8", errors="replace")):
+        url = match.group(2) or match.group(4)
+        if re.match(r"^(?:[a-z][a-z0-9+.-]*:|//|#)", url, re.IGNORECASE):
+            continue  # another host (reported above), data: or an anchor
+        path = re.split(r"[?#]", url, maxsplit=1)[0]
+        if path and not (page.parent / path).exists():
+            missing.append(path)
+    return missing
 
 
 def _write_bundle(app) -> None:
@@ -93,7 +119,11 @@ def _check_offline(app, exception) -> None:
     for page in sorted(outdir.rglob("*.html")):
         for url in external_assets(page.read_text(encoding="utf-8", errors="replace")):
             logger.warning(f"vega_offline: {page.relative_to(outdir)} loads {url} from another host; "
-                           f"the book must work offline (math is not available offline: write formulas as code)")
+                           f"the book must work offline (charts and MathJax are served from _static)")
+        if page.relative_to(outdir).parts[0] == "_static":
+            continue  # the theme's template macros, not pages
+        for path in missing_local_assets(page):
+            logger.warning(f"vega_offline: {page.relative_to(outdir)} loads {path}, which the build did not write")
 
 
 def setup(app):
@@ -104,5 +134,6 @@ def setup(app):
     app.connect("builder-inited", _write_bundle)
     app.connect("env-get-outdated", _reread_everything)
     app.connect("html-page-context", _drop_thebe, priority=900)  # after sphinx-thebe added its assets
-    app.connect("build-finished", _check_offline)
+    # After sphinx-mathjax-offline has copied MathJax into _static (at the default priority, 500).
+    app.connect("build-finished", _check_offline, priority=900)
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}
