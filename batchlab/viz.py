@@ -35,6 +35,7 @@ import pandas as pd
 
 THEME = "batchlab"
 CHART_ID_PREFIX = "batchlab-chart-"
+CHART_CLASS = "batchlab-chart"  # the book's CSS (book/_ext/vega_offline.py) shrinks these to the text column
 # Altair's own "application/vnd.vegalite.v6.json" is not a JSON mimetype to nbformat (no "+json"): a dict under
 # it makes the notebook invalid, so only the "+json" spelling is sent.
 VEGALITE_MIME = "application/vnd.vegalite.v6+json"
@@ -165,7 +166,7 @@ def render(spec: dict, **metadata) -> dict:
     """
     global _library_sent
     chart_id = f"{CHART_ID_PREFIX}{next(_chart_ids)}"
-    html = (f'<div id="{chart_id}" class="batchlab-chart"></div>\n<script type="text/javascript">'
+    html = (f'<div id="{chart_id}" class="{CHART_CLASS}"></div>\n<script type="text/javascript">'
             + _DRAW % {"id": chart_id, "spec": _script_json(spec), "opts": _script_json(EMBED_OPTIONS)}
             + "</script>")
     if os.environ.get(BOOK_ENV) != "1" and not _library_sent:

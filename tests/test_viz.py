@@ -3,10 +3,12 @@ renderer (deterministic ids, nothing loaded from another host) and the explore w
 charts are tested in tests/chapters/."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import altair as alt
 import numpy as np
@@ -145,6 +147,36 @@ def test_renderer_in_the_book(book_mode):
     assert '"actions":false' in html
     next_id = re.findall(r'<div id="(batchlab-chart-\d+)"', small_chart()._repr_mimebundle_()["text/html"])[0]
     assert int(next_id.rsplit("-", 1)[1]) == int(chart_id.rsplit("-", 1)[1]) + 1
+
+
+def _book_extension():
+    """book/_ext/vega_offline.py, the Sphinx extension that serves the charts' library and CSS in the book."""
+    path = Path(__file__).resolve().parents[1] / "book" / "_ext" / "vega_offline.py"
+    spec = importlib.util.spec_from_file_location("vega_offline", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_book_css_shrinks_every_chart_to_the_text_column(book_mode):
+    html = small_chart()._repr_mimebundle_()["text/html"]
+    assert f'class="{viz.CHART_CLASS}"' in html
+    css = _book_extension().CHART_CSS
+    rule = re.search(rf"\.{viz.CHART_CLASS} svg\.marks[^{{]*\{{([^}}]*)\}}", css)
+    assert rule, css
+    assert re.search(r"max-width:\s*100%", rule.group(1)) and re.search(r"height:\s*auto", rule.group(1))
+
+
+def test_book_build_names_the_local_assets_a_page_lacks(tmp_path):
+    (tmp_path / "_static").mkdir()
+    (tmp_path / "_static" / "a.js").write_text("")
+    page = tmp_path / "page.html"
+    page.write_text('<script src="_static/a.js?v=1"></script><script defer src="_static/mathjax/tex-chtml.js"></script>'
+                    '<link rel="icon" href="_static/favicon.svg"><link rel="stylesheet" href="https://cdn.example/x.css">'
+                    '<link rel="next" href="missing.html"><script src="data:text/javascript,1"></script>')
+    ext = _book_extension()
+    assert ext.missing_local_assets(page) == ["_static/mathjax/tex-chtml.js", "_static/favicon.svg"]
+    assert ext.external_assets(page.read_text()) == ["https://cdn.example/x.css"]
 
 
 def test_renderer_escapes_data_inside_the_script(book_mode):
