@@ -3,14 +3,23 @@
 Needs ``_build/html`` (``make book``) and Debian's ``/usr/bin/chromium`` driven by Playwright. Checks that no
 page asks any other host for anything, that every chart container draws an svg or canvas, that nothing logs a
 console error, that moving each slider, radio group or select box bound to a chart redraws it, and that no
-control is labelled with an exponent. Saves a PNG of each page's first chart to ``_build/screenshots/<page>.png``
-for a reviewer to look at.
+control is labelled with an exponent. On every page of the TOC it also checks that
+
+* every formula is rendered: each of Sphinx's math elements holds MathJax output, MathJax reports no TeX error,
+  and no raw ``$$``, ``$...$`` or TeX command (``\\frac``, ``\\cdot``...) is left in the visible text outside code;
+* no chart (its svg or canvas, or its controls) is wider than the text column, in a 1280 px and a 400 px window;
+* no visible code cell only imports modules or calls ``glue(...)``: that plumbing belongs in a hidden cell
+  (``remove-input``, or a collapsed ``hide-input``).
+
+Saves a full-page PNG of every page at both widths to ``_build/screenshots/<page>-1280.png`` and
+``<page>-400.png``, and of each page's first chart to ``_build/screenshots/<page>.png``, for a reviewer to look at.
 
 To cover a new notebook: add it to ``_toc.yml`` (every TOC page is opened), and if its headline chart has bound
 controls, add ``"notebooks/NN_slug": <number of them>`` to ``SLIDER_PAGES``, ``RADIO_PAGES`` or ``SELECT_PAGES``.
 """
 from __future__ import annotations
 
+import ast
 import functools
 import http.server
 import re
@@ -30,6 +39,7 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 LOCAL_HOSTS = {"127.0.0.1"}
 CHART = "div[id^=batchlab-chart-]"
+WIDTHS = (1280, 400)  # a laptop window and a phone: every chart must fit the text column at both
 
 # Page (TOC path without suffix) -> how many range sliders its charts must have; each must redraw its chart.
 SLIDER_PAGES = {
@@ -100,9 +110,9 @@ def browser():
 class Visit:
     """One page opened in a fresh context, with every request, console error and page error recorded."""
 
-    def __init__(self, browser, url):
+    def __init__(self, browser, url, width: int = 1280):
         self.requests, self.blocked, self.errors = [], [], []
-        self.context = browser.new_context(viewport={"width": 1280, "height": 1000})
+        self.context = browser.new_context(viewport={"width": width, "height": 1000 if width >= 800 else 860})
         self.page = self.context.new_page()
         self.page.route("**/*", self._route)
         self.pending = set()
@@ -129,6 +139,20 @@ class Visit:
     def wait_drawn(self, chart_id: str):
         self.page.wait_for_selector(f"#{chart_id} svg, #{chart_id} canvas", state="attached", timeout=15_000)
 
+    def wait_all_drawn(self) -> list[str]:
+        ids = [self.charts().nth(i).get_attribute("id") for i in range(self.charts().count())]
+        for chart_id in ids:
+            self.wait_drawn(chart_id)
+        return ids
+
+    def wait_math(self) -> None:
+        """Wait until MathJax has typeset the page (nothing to wait for on a page without math)."""
+        if self.page.locator(MATH).count() == 0:
+            return
+        self.page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise",
+                                    timeout=15_000)
+        self.page.evaluate("() => MathJax.startup.promise.then(() => true)")
+
     def close(self):
         self.context.close()
 
@@ -138,6 +162,15 @@ def visit(site, browser, request):
     page = request.param
     v = Visit(browser, f"{site}/{page}.html")
     yield page, v
+    v.close()
+
+
+@pytest.fixture
+def visit_at(site, browser, request):
+    """A TOC page opened in a window ``width`` px wide (``request.param`` is ``(page, width)``)."""
+    page, width = request.param
+    v = Visit(browser, f"{site}/{page}.html", width=width)
+    yield page, width, v
     v.close()
 
 
@@ -156,10 +189,8 @@ def test_slider_pages_are_in_toc():
 @pytest.mark.parametrize("visit", PAGES, indirect=True)
 def test_page_is_offline_and_every_chart_draws(visit):
     page, v = visit
-    ids = [v.charts().nth(i).get_attribute("id") for i in range(v.charts().count())]
+    ids = v.wait_all_drawn()
     assert len(ids) == len(set(ids)), f"{page}: duplicate chart ids {ids}"
-    for chart_id in ids:
-        v.wait_drawn(chart_id)
     controls = v.page.locator(f"{CHART} .vega-bind").all_inner_texts()
     assert not [t for t in controls if "2^" in t], f"{page}: a control shows an exponent: {controls}"
     try:  # late requests (to any host) would show up here
@@ -173,6 +204,135 @@ def test_page_is_offline_and_every_chart_draws(visit):
     if ids:
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         v.charts().first.screenshot(path=str(SCREENSHOTS / f"{Path(page).name}.png"))
+
+
+# -- formulas -------------------------------------------------------------------------------------------------
+MATH = "span.math, div.math"  # what Sphinx writes for $...$ and $$...$$; MathJax typesets inside it
+
+# Text a reader sees, outside code, charts and MathJax's own output, that still looks like TeX.
+_RAW_TEX_JS = r"""() => {
+  const root = document.querySelector('article.bd-article') || document.body;
+  const skip = 'pre, code, script, style, textarea, svg, mjx-container, .highlight';
+  const shown = el => el.checkVisibility ? el.checkVisibility() : el.getClientRects().length > 0;
+  const tex = /\$\$|\$[^$\s][^$]*\$|\\[A-Za-z]+/;
+  const found = [];
+  const walker = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
+  for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+    const el = node.parentElement;
+    if (!el || el.closest(skip) || !shown(el)) continue;
+    const m = node.textContent.match(tex);
+    if (m) found.push(node.textContent.slice(Math.max(0, m.index - 30), m.index + 50).trim());
+  }
+  return found;
+}"""
+
+
+@pytest.mark.parametrize("visit", PAGES, indirect=True)
+def test_every_formula_is_rendered(visit):
+    page, v = visit
+    v.wait_math()
+    math = v.page.locator(MATH)
+    unrendered = math.evaluate_all(
+        "els => els.filter(e => !e.querySelector('mjx-container')).map(e => e.textContent.trim().slice(0, 80))")
+    assert not unrendered, f"{page}: formulas MathJax did not typeset: {unrendered}"
+    assert v.page.locator("mjx-container").count() >= math.count()
+    tex_errors = v.page.locator("mjx-merror").evaluate_all(
+        "els => els.map(e => e.getAttribute('data-mjx-error') || e.textContent)")
+    assert not tex_errors, f"{page}: MathJax could not read a formula: {tex_errors}"
+    raw = v.page.evaluate(_RAW_TEX_JS)
+    assert not raw, f"{page}: raw TeX in the page text (write it as $...$ or $$...$$): {raw}"
+    assert not v.errors, f"{page}: console errors {v.errors}"
+
+
+# -- charts fit the text column; full-page screenshots ----------------------------------------------------------
+# Each chart's svg or canvas and its controls, against the content box of the article column (and the window).
+_OVERFLOW_JS = r"""() => {
+  const out = [];
+  for (const chart of document.querySelectorAll('div[id^=batchlab-chart-]')) {
+    const col = chart.closest('article.bd-article') || chart.closest('main') || document.body;
+    const cs = getComputedStyle(col), r = col.getBoundingClientRect();
+    const left = Math.max(0, r.left + parseFloat(cs.paddingLeft));
+    const right = Math.min(document.documentElement.clientWidth, r.right - parseFloat(cs.paddingRight));
+    const parts = chart.querySelectorAll('svg.marks, canvas.marks, .vega-bindings');
+    if (!chart.querySelector('svg.marks, canvas.marks')) out.push({chart: chart.id, problem: 'no svg or canvas'});
+    for (const el of parts) {
+      const b = el.getBoundingClientRect();
+      if (b.width > right - left + 1 || b.left < left - 1 || b.right > right + 1) {
+        out.push({chart: chart.id, element: el.tagName.toLowerCase() + '.' + el.getAttribute('class'),
+                  width: Math.round(b.width), left: Math.round(b.left), right: Math.round(b.right),
+                  column: [Math.round(left), Math.round(right)]});
+      }
+    }
+  }
+  return out;
+}"""
+
+PAGES_AT_WIDTHS = [(page, width) for page in PAGES for width in WIDTHS]
+
+
+@pytest.mark.parametrize("visit_at", PAGES_AT_WIDTHS, indirect=True, ids=[f"{p}-{w}" for p, w in PAGES_AT_WIDTHS])
+def test_charts_fit_the_text_column(visit_at):
+    """Every chart fits the text column at this width; a full-page screenshot is saved first, pass or fail."""
+    page, width, v = visit_at
+    v.wait_all_drawn()
+    v.wait_math()
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    v.page.screenshot(path=str(SCREENSHOTS / f"{Path(page).name}-{width}.png"), full_page=True)
+    wide = v.page.evaluate(_OVERFLOW_JS)
+    assert not wide, f"{page} at {width} px: charts wider than the text column: {wide}"
+    assert not v.errors, f"{page} at {width} px: console errors {v.errors}"
+
+
+# -- no plumbing on the page --------------------------------------------------------------------------------------
+_PLUMBING_PREFIXES = ("import ", "from ", "glue(")
+
+
+def only_imports_or_glue(source: str) -> bool:
+    """True if a code cell does nothing a reader needs to see: every non-blank, non-comment line starts with
+    ``import``, ``from`` or ``glue(``, or (for statements over several lines) every statement is an import or
+    a ``glue(...)`` call. An empty cell is not counted."""
+    code = [line.strip() for line in source.splitlines()]
+    code = [line for line in code if line and not line.startswith("#")]
+    if not code:
+        return False
+    if all(line.startswith(_PLUMBING_PREFIXES) for line in code):
+        return True
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:  # IPython magics, a fragment
+        return False
+    return all(isinstance(node, (ast.Import, ast.ImportFrom))
+               or (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
+                   and isinstance(node.value.func, ast.Name) and node.value.func.id == "glue")
+               for node in tree.body)
+
+
+def test_only_imports_or_glue_tells_plumbing_from_code():
+    assert only_imports_or_glue("import numpy as np\nfrom myst_nb import glue\n\n# numbers\nglue('a', 1)\n")
+    assert only_imports_or_glue("from batchlab import (\n    viz,\n    sim,\n)\nglue('knee', knee,\n display=False)")
+    assert not only_imports_or_glue("import batchlab as bl\nres = bl.simulate(reqs, 'chunked', cost)")
+    assert not only_imports_or_glue("chart = fig(res)\nglue('chart', chart)")
+    assert not only_imports_or_glue("# nothing to run\n\n")
+
+
+# Each code cell's input, and whether a reader sees it (a collapsed hide-input cell is not seen).
+_CELL_INPUTS_JS = r"""() => [...document.querySelectorAll('div.cell')].map((cell, i) => {
+  const input = cell.querySelector('div.cell_input');
+  if (!input) return null;
+  const r = input.getBoundingClientRect();
+  const shown = r.width > 0 && r.height > 0 && (!input.checkVisibility || input.checkVisibility());
+  const pre = input.querySelector('pre');
+  return {cell: i + 1, shown, source: (pre || input).textContent};
+}).filter(c => c)"""
+
+
+@pytest.mark.parametrize("visit", PAGES, indirect=True)
+def test_no_visible_cell_only_imports_or_glues(visit):
+    page, v = visit
+    cells = v.page.evaluate(_CELL_INPUTS_JS)
+    plumbing = [f"cell {c['cell']}: {c['source'].strip()[:60]!r}" for c in cells
+                if c["shown"] and only_imports_or_glue(c["source"])]
+    assert not plumbing, f"{page}: visible code cells that only import or glue (hide them): {plumbing}"
 
 
 def _redraws(v, page, control, change, shot: str):
