@@ -21,9 +21,16 @@ from ..workload import preset
 
 TWO_KNOB_KINDS = ("accepted", "refused by vLLM", "vLLM serve default", "vLLM offline default")
 TWO_KNOB_SHAPES = ("circle", "cross", "diamond", "square")
-HIGHLIGHT = viz.PALETTE[2]  # green: the point the buttons pick
-RATE_COLORS = [viz.PALETTE[i] for i in (5, 0, 1, 3, 4, 7)]  # loads, low to high; no green, that is the highlight
+OFF_AXIS_KINDS = {"above": ("above the axis (true value in the tooltip)", "triangle-up"),
+                  "below": ("below the axis (true value in the tooltip)", "triangle-down")}
+HIGHLIGHT = viz.PALETTE[2]  # green: the point the buttons pick, and the trail of the ones picked before
+# Loads, low to high: blue, orange, reddish purple, black; no two of one hue (sky blue beside blue, vermillion
+# beside orange read as pairs) and no green, that is the highlight.
+RATE_COLORS = [viz.PALETTE[i] for i in (0, 1, 4, 7, 5, 3)]
+FRONTIER_COLOR = "#777777"  # grey: black is a rate
 TWO_KNOB_WIDTH = 470  # px: with the axis labels the chart fits the book's text column
+TRAIL = "visited"  # the selection holding every configuration the buttons have picked
+_STEPS_125 = (1.0, 1.5, 2.0, 3.0, 5.0, 7.0)  # round bounds for a log axis
 
 
 def saturation_rate(cost, workload: str, n_requests: int, *, seed=0, **knobs) -> float:
@@ -125,6 +132,87 @@ def vllm_defaults_table(gpus=("h100-sxm", "h200", "a100-80gb")) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def carrying_domain(values, pad: float = 1.5) -> list[float]:
+    """A log axis's domain that carries ``values``: their span widened by ``pad`` and rounded outward.
+
+    Bounds come from 1, 1.5, 2, 3, 5, 7 times a power of ten. Used in chapter 08 to clamp the p99 TTFT axis to
+    the frontier and the defaults below capacity, so that a 300 ms difference is not squeezed by runs that
+    queue for minutes (those are drawn at the edge, :func:`two_knobs_chart`).
+
+    Parameters
+    ----------
+    values : array-like of float
+        Positive values (e.g. ms).
+    pad : float
+        Factor (>= 1) by which the span is widened at each end before rounding.
+
+    Returns
+    -------
+    list of float
+        ``[lo, hi]`` with ``lo <= min(values) / pad`` and ``hi >= max(values) * pad``.
+    """
+    v = np.asarray(values, dtype=float)
+    v = v[np.isfinite(v) & (v > 0)]
+    if v.size == 0 or pad < 1:
+        raise ValueError(f"carrying_domain needs positive values and pad >= 1, got {v.size} values, pad {pad!r}")
+    grid = np.array([m * 10.0 ** k for k in range(-6, 10) for m in _STEPS_125])
+    lo, hi = v.min() / pad, v.max() * pad
+    return [float(grid[grid <= lo * (1 + 1e-12)].max()), float(grid[grid >= hi * (1 - 1e-12)].min())]
+
+
+def format_ms(ms: float) -> str:
+    """A latency as a reader reads it: ``"412 ms"`` below a second, ``"11.1 s"`` below a minute, ``"468 s"`` above.
+
+    NaN (a pair vLLM refuses, never run) reads ``"refused"``. Used in chapter 08's tables.
+    """
+    if not np.isfinite(ms):
+        return "refused"
+    if ms < 1e3:
+        return f"{ms:,.0f} ms"
+    return f"{ms / 1e3:,.1f} s" if ms < 60e3 else f"{ms / 1e3:,.0f} s"
+
+
+def ttft_grid_table(df: pd.DataFrame, rate_req_s: float, col: str = "p99_ttft_ms"):
+    """The grid of pairs at one rate, ``col`` (ms) formatted by :func:`format_ms`; refused pairs say so.
+
+    Used in chapter 08. Returns a pandas ``Styler``: rows ``max_num_seqs`` (sequences), columns
+    ``max_num_batched_tokens`` (tokens).
+    """
+    at = df[np.isclose(df["rate_req_s"], rate_req_s)]
+    table = at.pivot(index="max_num_seqs", columns="max_num_batched_tokens", values=col)
+    table.index.name, table.columns.name = "max_num_seqs (sequences)", "max_num_batched_tokens (tokens)"
+    return table.style.format(format_ms).format_index("{:,}", axis=0).format_index("{:,}", axis=1)
+
+
+def runs_table(df: pd.DataFrame, columns: dict):
+    """Rows of a sweep or of :func:`batchlab.sweep.default_vs_best`, with readable headers and units.
+
+    ``columns`` maps a column to its header; columns ending in ``_ms`` read through :func:`format_ms`, rates
+    with one decimal, throughputs and knobs with thousands separators. Used in chapter 08. Returns a ``Styler``
+    without the index.
+    """
+    out = df[list(columns)].rename(columns=columns)
+    fmt = {}
+    for col, header in columns.items():
+        if col.endswith("_ms"):
+            fmt[header] = format_ms
+        elif "rate_req_s" in col:
+            fmt[header] = "{:.1f}"
+        else:
+            fmt[header] = "{:,.0f}"
+    return out.style.format(fmt).hide(axis="index")
+
+
+def vllm_defaults_style(table: pd.DataFrame):
+    """:func:`vllm_defaults_table` with headers in words and units (a ``Styler``). Used in chapter 08."""
+    names = {"gpu": "GPU", "hbm_gib": "HBM (GiB)", "max_num_seqs": "max_num_seqs (sequences)",
+             "max_num_batched_tokens_serve": "max_num_batched_tokens, vllm serve (tokens)",
+             "max_num_batched_tokens_offline": "max_num_batched_tokens, offline LLM (tokens)"}
+    out = table.reset_index().rename(columns=names)
+    fmt = {v: "{:,.0f}" for k, v in names.items() if k != "gpu"}
+    return out.style.format(fmt).hide(axis="index")
+
+
 def _knob_points(df, defaults, offline_tokens, x, y, y2):
     """The chart's data: every run with its log2 knobs and kind, and the default configurations' runs."""
     cols = ["rate_req_s", "max_num_seqs", "max_num_batched_tokens", "vllm_refuses", "frontier", x, y, y2]
@@ -141,8 +229,9 @@ def _knob_points(df, defaults, offline_tokens, x, y, y2):
 
 
 def two_knobs_chart(df: pd.DataFrame, defaults: dict, offline_tokens: int | None = None, rate_req_s=None,
-                    x: str = "output_throughput", y: str = "p99_ttft_ms", y2: str = "p99_itl_ms"):
-    """Every operating point of a two-knob sweep, its frontier, vLLM's defaults and the chosen point.
+                    x: str = "output_throughput", y: str = "p99_ttft_ms", y2: str = "p99_itl_ms",
+                    y_domain=None):
+    """Every operating point of a two-knob sweep, its frontier, vLLM's defaults, the chosen point and its trail.
 
     Used in chapter 08.
 
@@ -161,15 +250,20 @@ def two_knobs_chart(df: pd.DataFrame, defaults: dict, offline_tokens: int | None
         The rate selected at first (req/s; default: the second highest).
     x, y, y2 : str
         Throughput (tok/s) and the two latencies (ms): ``y`` in the top panel with the frontier, ``y2`` below.
+    y_domain : (float, float), optional
+        The top panel's log axis (ms), e.g. :func:`carrying_domain` of the points that matter. Runs beyond it
+        are drawn on its edge as triangles, their true value in the tooltip. Default: every accepted run.
 
     Returns
     -------
     altair chart: a row of radio buttons per knob, labelled in sequences and tokens (a select box for a grid of
-    more than eight values; the parameters hold each knob's log2), and one for the rate pick the green point;
-    the points of the selected rate are drawn stronger than the rest, and the text above reads the chosen
-    configuration. Pairs vLLM refuses have no operating point: the grid at the bottom draws them as crosses
-    beside the accepted pairs (black on the frontier at the selected rate), and the text says so when the
-    buttons pick one.
+    more than eight values; the parameters hold each knob's log2), and one for the rate, colours distinct per
+    rate. The buttons pick the green point; every configuration picked before stays as a faded green ring (the
+    trail: the selection ``visited``, which each change of the buttons adds to; clicking a run adds or removes
+    it too). The points of the selected rate are drawn stronger than the rest, and the text above reads the
+    chosen configuration. Pairs vLLM refuses have no operating point: the grid at the bottom draws them as
+    crosses beside the accepted pairs (black on the frontier at the selected rate), a picked one as a green
+    cross, and the text says so.
     """
     data, marks = _knob_points(df, defaults, offline_tokens, x, y, y2)
     rates = np.sort(data["rate_req_s"].unique())
@@ -186,48 +280,100 @@ def two_knobs_chart(df: pd.DataFrame, defaults: dict, offline_tokens: int | None
     tol = float(np.diff(rates).min() / 2) if rates.size > 1 else 0.5
     at_rate = f"abs(datum['rate_req_s'] - rate_req_s) < {tol!r}"
     chosen = f"{at_seqs} && {at_tok} && {at_rate}"
+    accepted = data.loc[~data["vllm_refuses"], y]
+    lo, hi = (float(accepted.min()), float(accepted.max())) if y_domain is None else map(float, y_domain)
+    off = [k for k, hit in (("above", (accepted > hi).any()), ("below", (accepted < lo).any())) if hit]
+    shape = alt.Shape("kind:N", title=None, legend=alt.Legend(orient="bottom", columns=2, labelLimit=0),
+                      scale=alt.Scale(domain=[*TWO_KNOB_KINDS, *(OFF_AXIS_KINDS[k][0] for k in off)],
+                                      range=[*TWO_KNOB_SHAPES, *(OFF_AXIS_KINDS[k][1] for k in off)]))
+    trail = alt.selection_point(name=TRAIL, fields=["log2_seqs", "log2_tokens", "rate_req_s"], on="click",
+                                toggle="true", clear=False, empty=False)
     tooltip = [alt.Tooltip("rate_req_s:Q", title="rate (req/s)"), "max_num_seqs:Q", "max_num_batched_tokens:Q",
                alt.Tooltip(f"{x}:Q", format=",.0f", title=viz.title(x)),
                alt.Tooltip(f"{y}:Q", format=",.0f", title=viz.title(y)),
                alt.Tooltip(f"{y2}:Q", format=",.0f", title=viz.title(y2))]
-    shape = alt.Shape("kind:N", title=None, scale=alt.Scale(domain=list(TWO_KNOB_KINDS), range=list(TWO_KNOB_SHAPES)),
-                      legend=alt.Legend(orient="bottom", columns=2))
     xenc = alt.X(f"{x}:Q", title=viz.title(x), scale=alt.Scale(zero=False))
+    kw = dict(xenc=xenc, shape=shape, tooltip=tooltip, at_rate=at_rate, chosen=chosen, trail=trail)
+    top = _panel(data, marks, y, (lo, hi), 300, True, **kw).add_params(trail)
+    bottom = _panel(data, marks, y2, None, 170, False, **kw)
+    return alt.vconcat(_readout(data, chosen, x, y, y2), top, bottom,
+                       _grid_panel(data, marks, shape, at_rate, f"{at_seqs} && {at_tok}", trail),
+                       spacing=6).add_params(seqs_p, tok_p, rate_p, _trail_push())
 
-    def panel(col, height, frontier):
-        yenc = alt.Y(f"{col}:Q", title=viz.title(col), scale=alt.Scale(type="log"))
-        base = alt.Chart(data).transform_filter("!datum.vllm_refuses").encode(x=xenc, y=yenc)  # refused: no run
-        layers = [base.mark_point(filled=True, size=40).encode(
-            color=alt.Color("rate_req_s:N", title="request rate (req/s)", scale=alt.Scale(range=RATE_COLORS),
-                            legend=alt.Legend(orient="bottom")), shape=shape,
-            opacity=alt.when(at_rate).then(alt.value(0.6)).otherwise(alt.value(0.12)), tooltip=tooltip)]
-        if frontier:
-            layers.append(base.transform_filter("datum.frontier").mark_line(color="black", point=True, strokeWidth=1.5))
-        layers.append(alt.Chart(marks).mark_point(size=170, filled=False, color="black", strokeWidth=1.5).encode(
-            x=xenc, y=yenc, shape=shape, opacity=alt.when(at_rate).then(alt.value(1.0)).otherwise(alt.value(0.25)),
-            tooltip=tooltip))
-        layers.append(base.transform_filter(chosen).mark_point(
-            filled=True, size=260, color=HIGHLIGHT, stroke="black", strokeWidth=1.5, opacity=1).encode(tooltip=tooltip))
-        return alt.layer(*layers).properties(width=TWO_KNOB_WIDTH, height=height)
 
-    readout = alt.Chart(data).transform_filter(chosen).transform_calculate(label=(  # two lines: knobs, results
-        "'max_num_seqs ' + datum.max_num_seqs + ', max_num_batched_tokens ' + datum.max_num_batched_tokens"
-        " + ' at ' + datum.rate_req_s + ' req/s\\n' + (datum.vllm_refuses"
-        " ? 'vLLM refuses to start with it: fewer tokens per iteration than sequences' : ("
-        f"format(datum['{x}'], ',.0f') + ' tok/s, {viz.title(y).split(' (')[0]} ' + format(datum['{y}'], ',.0f')"
-        f" + ' ms, {viz.title(y2).split(' (')[0]} ' + format(datum['{y2}'], ',.0f') + ' ms'))")
-    ).mark_text(align="left", baseline="top", fontSize=12, fontWeight="bold", color="#333333", lineBreak="\n",
-                lineHeight=16).encode(x=alt.value(0), y=alt.value(0), text="label:N").properties(
+def _trail_push():
+    """A parameter whose expression adds the picked configuration to the trail each time a button changes it.
+
+    Vega-Lite has no event for "a bound control changed", but an expression is re-evaluated whenever a parameter
+    it reads changes, and Vega's ``modify`` inserts a tuple into a selection's store (as Vega-Lite's own
+    selections do); the tuple's fields are the trail selection's.
+    """
+    fields = ", ".join(f"{{type: 'E', field: '{f}'}}" for f in ("log2_seqs", "log2_tokens", "rate_req_s"))
+    return alt.param(name=f"{TRAIL}_push", expr=(
+        f"modify('{TRAIL}_store', {{unit: '', fields: [{fields}], values: [log2_seqs, log2_tokens, rate_req_s]}},"
+        " null, null)"))
+
+
+def _clamped(y: str, domain) -> dict:
+    """Vega expressions that put ``y`` on the axis: the value clamped to ``domain``, and the off-axis kind."""
+    lo, hi = domain
+    above, below = OFF_AXIS_KINDS["above"][0], OFF_AXIS_KINDS["below"][0]
+    return {"y_shown": f"clamp(datum['{y}'], {lo!r}, {hi!r})",
+            "kind_shown": f"datum['{y}'] > {hi!r} ? '{above}' : datum['{y}'] < {lo!r} ? '{below}' : datum.kind"}
+
+
+def _panel(data, marks, col, domain, height, frontier, *, xenc, shape, tooltip, at_rate, chosen, trail):
+    """One latency against throughput: every run, the frontier, the defaults, the trail, the chosen run."""
+    if domain is None:
+        yenc = alt.Y("y_shown:Q", title=viz.title(col), scale=alt.Scale(type="log"))
+        calc = {"y_shown": f"datum['{col}']", "kind_shown": "datum.kind"}
+    else:  # clamped: what lies beyond is drawn on the edge, as a triangle, with its true value in the tooltip
+        yenc = alt.Y("y_shown:Q", title=viz.title(col), scale=alt.Scale(type="log", domain=list(domain), nice=False),
+                     axis=alt.Axis(values=[t for t in viz.log_ticks(domain) if domain[0] <= t <= domain[1]]))
+        calc = _clamped(col, domain)
+    shown = shape.to_dict() | {"field": "kind_shown"}
+    base = alt.Chart(data).transform_filter("!datum.vllm_refuses").transform_calculate(**calc).encode(
+        x=xenc, y=yenc)  # refused pairs were never run: no operating point
+    layers = [base.mark_point(filled=True, size=40).encode(
+        color=alt.Color("rate_req_s:N", title="request rate (req/s)", scale=alt.Scale(range=RATE_COLORS),
+                        legend=alt.Legend(orient="bottom")), shape=shown,
+        opacity=alt.when(at_rate).then(alt.value(0.7)).otherwise(alt.value(0.15)), tooltip=tooltip)]
+    if frontier:
+        layers.append(base.transform_filter("datum.frontier").mark_line(color=FRONTIER_COLOR, strokeWidth=1.5))
+    layers.append(alt.Chart(marks).transform_calculate(**calc).mark_point(
+        size=170, filled=False, color="black", strokeWidth=1.5).encode(
+        x=xenc, y=yenc, shape=shape, opacity=alt.when(at_rate).then(alt.value(1.0)).otherwise(alt.value(0.25)),
+        tooltip=tooltip))
+    layers.append(base.transform_filter(trail).mark_point(  # where the buttons have been: faded green rings
+        filled=False, size=150, color=HIGHLIGHT, strokeWidth=2.5, opacity=0.45).encode(shape=shown, tooltip=tooltip))
+    layers.append(base.transform_filter(chosen).mark_point(
+        filled=True, size=260, color=HIGHLIGHT, stroke="black", strokeWidth=1.5, opacity=1).encode(
+        shape=shown, tooltip=tooltip))
+    return alt.layer(*layers).properties(width=TWO_KNOB_WIDTH, height=height)
+
+
+def _readout(data, chosen: str, x: str, y: str, y2: str):
+    """Two short lines above the chart: the chosen knobs and rate, then its numbers (or that vLLM refuses it)."""
+    name, name2 = viz.title(y).split(" (")[0], viz.title(y2).split(" (")[0]
+    label = (
+        "format(datum.max_num_seqs, ',') + ' sequences, ' + format(datum.max_num_batched_tokens, ',')"
+        " + ' tokens, ' + datum.rate_req_s + ' req/s\\n' + (datum.vllm_refuses"
+        " ? 'refused by vLLM: fewer tokens than sequences' : ("
+        f"format(datum['{x}'], ',.0f') + ' tok/s, {name} ' + format(datum['{y}'], ',.0f')"
+        f" + ' ms, {name2} ' + format(datum['{y2}'], ',.0f') + ' ms'))")
+    return alt.Chart(data).transform_filter(chosen).transform_calculate(label=label).mark_text(
+        align="left", baseline="top", fontSize=12, fontWeight="bold", color="#333333", lineBreak="\n",
+        lineHeight=16).encode(x=alt.value(0), y=alt.value(0), text="label:N").properties(
         width=TWO_KNOB_WIDTH, height=30)
-    grid = _grid_panel(data, marks, shape, at_rate, f"{at_seqs} && {at_tok}")
-    return alt.vconcat(readout, panel(y, 300, True), panel(y2, 170, False), grid, spacing=6).add_params(
-        seqs_p, tok_p, rate_p)
 
 
-def _grid_panel(data, marks, shape, at_rate: str, at_pair: str):
+def _grid_panel(data, marks, shape, at_rate: str, at_pair: str, trail):
     """The knob grid itself: one mark per pair at the selected rate, refused pairs crossed, the frontier black."""
-    xenc = alt.X("max_num_batched_tokens:O", title="max_num_batched_tokens (tokens)", axis=alt.Axis(labelAngle=0))
-    yenc = alt.Y("max_num_seqs:O", title="max_num_seqs (sequences)", sort="descending")
+    thousands = "format(datum.value, ',')"
+    xenc = alt.X("max_num_batched_tokens:O", title="max_num_batched_tokens (tokens)",
+                 axis=alt.Axis(labelAngle=0, labelExpr=thousands))
+    yenc = alt.Y("max_num_seqs:O", title="max_num_seqs (sequences)", sort="descending",
+                 axis=alt.Axis(labelExpr=thousands))
     tooltip = ["max_num_seqs:Q", "max_num_batched_tokens:Q", "kind:N", alt.Tooltip("frontier:N", title="frontier")]
     base = alt.Chart(data).transform_filter(at_rate).encode(x=xenc, y=yenc)
     dots = base.mark_point(filled=True, size=60).encode(
@@ -236,6 +382,8 @@ def _grid_panel(data, marks, shape, at_rate: str, at_pair: str):
             alt.value("#555555")).otherwise(alt.value("#bbbbbb")))
     defaults = alt.Chart(marks).transform_filter(at_rate).mark_point(
         size=170, filled=False, color="black", strokeWidth=1.5).encode(x=xenc, y=yenc, shape=shape)
+    visited = base.transform_filter(trail).mark_point(filled=False, size=150, color=HIGHLIGHT, strokeWidth=2.5,
+                                                      opacity=0.45).encode(shape=shape)
     chosen = base.transform_filter(at_pair).mark_point(filled=True, size=200, color=HIGHLIGHT, stroke="black",
                                                        strokeWidth=1.5, opacity=1).encode(shape=shape)
-    return alt.layer(dots, defaults, chosen).properties(width=TWO_KNOB_WIDTH, height=150)
+    return alt.layer(dots, defaults, visited, chosen).properties(width=TWO_KNOB_WIDTH, height=150)

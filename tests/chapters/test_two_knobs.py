@@ -1,6 +1,7 @@
 """Chapter 08 (the two knobs): vLLM's defaults per GPU, the sweep's invariants and capacity (pairs vLLM refuses are
-not run), and the chart's spec (the two knob sliders, the rate selector, the frontier, the default markers, a
-highlight filtered by all three controls, and the grid of pairs with the refused ones)."""
+not run), the readable tables, and the chart's spec (the two knob button rows, the rate selector, the frontier,
+the default markers, a highlight filtered by all three controls, the clamped TTFT axis with its off-axis marks,
+distinct rate colours, the trail of visited configurations, and the grid of pairs with the refused ones)."""
 from __future__ import annotations
 
 import json
@@ -80,7 +81,7 @@ def df():
 def test_two_knobs_chart_controls(df):
     spec = chapter.two_knobs_chart(df, DEFAULTS, offline_tokens=16384).to_dict()  # validates the schema
     params = {p["name"]: p for p in spec["params"]}
-    assert set(params) == {"log2_seqs", "log2_tokens", "rate_req_s"}
+    assert set(params) == {"log2_seqs", "log2_tokens", "rate_req_s", "visited", "visited_push"}
     seqs, tokens = params["log2_seqs"]["bind"], params["log2_tokens"]["bind"]
     assert seqs == {"input": "radio", "options": [10.0, 11.0, 12.0], "labels": ["1,024", "2,048", "4,096"],
                     "name": "max_num_seqs (sequences)"}  # each knob in its own unit; the parameters hold log2
@@ -100,11 +101,11 @@ def test_two_knobs_chart_layers(df):
     readout, top, bottom, grid = spec["vconcat"]
     assert readout["mark"]["type"] == "text"
     assert "vllm_refuses" in json.dumps(readout["transform"])  # a refused pair is named, not given numbers
-    assert [layer["mark"]["type"] for layer in top["layer"]] == ["point", "line", "point", "point"]
-    assert [layer["mark"]["type"] for layer in bottom["layer"]] == ["point", "point", "point"]  # no frontier
+    assert [layer["mark"]["type"] for layer in top["layer"]] == ["point", "line", "point", "point", "point"]
+    assert [layer["mark"]["type"] for layer in bottom["layer"]] == ["point", "point", "point", "point"]  # no frontier
     for panel in (top, bottom):  # refused pairs were never run: they have no operating point
         assert {"filter": "!datum.vllm_refuses"} in panel["layer"][0]["transform"]
-    assert [layer["mark"]["type"] for layer in grid["layer"]] == ["point", "point", "point"]
+    assert [layer["mark"]["type"] for layer in grid["layer"]] == ["point", "point", "point", "point"]
     dots = grid["layer"][0]["encoding"]
     assert dots["x"]["field"] == "max_num_batched_tokens" and dots["y"]["field"] == "max_num_seqs"
     assert dots["shape"]["field"] == "kind" and "datum.frontier" in json.dumps(dots["color"])
@@ -112,13 +113,84 @@ def test_two_knobs_chart_layers(df):
     assert "rate_req_s" in grid_filter and "vllm_refuses" not in grid_filter  # every pair of the selected rate
     assert top["layer"][0]["encoding"]["y"]["scale"]["type"] == "log"
     assert top["layer"][0]["encoding"]["y"]["title"] == "p99 ttft (ms)"
-    assert bottom["layer"][0]["encoding"]["y"]["field"] == "p99_itl_ms"
+    assert "p99_itl_ms" in json.dumps(bottom["layer"][0]["transform"])
     assert top["layer"][0]["encoding"]["x"]["title"] == "output throughput (tok/s)"
     assert {"filter": "datum.frontier"} in top["layer"][1]["transform"]
-    highlight = json.dumps(top["layer"][3]["transform"])
+    highlight = json.dumps(top["layer"][4]["transform"])
     assert all(name in highlight for name in ("log2_seqs", "log2_tokens", "rate_req_s"))
     shapes = top["layer"][0]["encoding"]["shape"]["scale"]
     assert shapes["domain"] == list(chapter.TWO_KNOB_KINDS) and "cross" in shapes["range"]
+
+
+def test_two_knobs_chart_clamps_the_ttft_axis_and_marks_what_lies_beyond(df):
+    spec = chapter.two_knobs_chart(df, DEFAULTS, y_domain=[32.0, 50.0]).to_dict()
+    _, top, bottom, _ = spec["vconcat"]
+    y = top["layer"][0]["encoding"]["y"]
+    assert y["scale"] == {"type": "log", "domain": [32.0, 50.0], "nice": False}
+    assert y["axis"]["values"] == [50]
+    calc = {c["as"]: c["calculate"] for c in top["layer"][0]["transform"] if "calculate" in c}
+    assert calc["y_shown"] == "clamp(datum['p99_ttft_ms'], 32.0, 50.0)"  # drawn on the edge, not dropped
+    assert "triangle-up" in json.dumps(top["layer"][0]["encoding"]["shape"]["scale"]["range"])
+    shape = top["layer"][0]["encoding"]["shape"]
+    kinds = dict(zip(shape["scale"]["domain"], shape["scale"]["range"]))
+    assert shape["field"] == "kind_shown" and kinds[chapter.OFF_AXIS_KINDS["above"][0]] == "triangle-up"
+    assert kinds[chapter.OFF_AXIS_KINDS["below"][0]] == "triangle-down"  # the fixture has TTFTs below 32 and above 50
+    tips = {t["field"] for t in top["layer"][0]["encoding"]["tooltip"]}
+    assert "p99_ttft_ms" in tips and "y_shown" not in tips  # the tooltip reads the true value
+    rows = max(spec["datasets"].values(), key=len)
+    assert len(rows) == len(df) and max(r["p99_ttft_ms"] for r in rows) > 50  # no run dropped
+    assert "domain" not in bottom["layer"][0]["encoding"]["y"]["scale"]  # the ITL panel is not clamped
+    whole = chapter.two_knobs_chart(df, DEFAULTS).to_dict()["vconcat"][1]["layer"][0]["encoding"]
+    assert whole["shape"]["scale"]["domain"] == list(chapter.TWO_KNOB_KINDS)  # nothing off the axis: no legend entry
+
+
+def test_carrying_domain_rounds_outward():
+    assert chapter.carrying_domain([236.0, 422.0]) == [150.0, 700.0]  # 157 -> 150, 633 -> 700
+    assert chapter.carrying_domain([100.0], pad=1.0) == [100.0, 100.0]
+    assert chapter.carrying_domain([0.0, 12.0, np.nan, 30.0], pad=2.0) == [5.0, 70.0]
+    with pytest.raises(ValueError):
+        chapter.carrying_domain([np.nan])
+
+
+def test_two_knobs_chart_rate_colours_are_distinct_okabe_ito(df):
+    spec = chapter.two_knobs_chart(df, DEFAULTS).to_dict()
+    colour = spec["vconcat"][1]["layer"][0]["encoding"]["color"]
+    assert colour["field"] == "rate_req_s"
+    first4 = colour["scale"]["range"][:4]
+    assert set(first4) <= set(bl.viz.PALETTE) and len(set(first4)) == 4
+    assert chapter.HIGHLIGHT not in colour["scale"]["range"]
+    for a, b in [("#56B4E9", "#0072B2"), ("#E69F00", "#D55E00")]:  # the two near-identical pairs
+        assert not {a, b} <= set(first4)
+
+
+def test_two_knobs_chart_refused_pair_is_a_cross_with_a_short_readout(df):
+    spec = chapter.two_knobs_chart(df, DEFAULTS).to_dict()
+    readout, _, _, grid = spec["vconcat"]
+    for layer in grid["layer"]:
+        scale = layer["encoding"]["shape"]["scale"]
+        assert dict(zip(scale["domain"], scale["range"]))["refused by vLLM"] == "cross"
+        assert layer["encoding"]["shape"]["field"] == "kind"  # the chosen pair too: a green cross, not a circle
+    label = readout["transform"][-1]["calculate"]
+    refusal = label.split("? '")[1].split("'")[0]
+    assert refusal.startswith("refused by vLLM") and len(refusal) < 50  # fits the chart's width
+    rows = max(spec["datasets"].values(), key=len)
+    assert {r["kind"] for r in rows if r["vllm_refuses"]} == {"refused by vLLM"}
+
+
+def test_two_knobs_chart_trail_of_visited_configurations(df):
+    spec = chapter.two_knobs_chart(df, DEFAULTS).to_dict()
+    params = {p["name"]: p for p in spec["params"]}
+    trail = params["visited"]["select"]
+    assert trail["type"] == "point" and trail["toggle"] == "true" and trail["clear"] is False
+    assert trail["fields"] == ["log2_seqs", "log2_tokens", "rate_req_s"]
+    push = params["visited_push"]["expr"]  # every change of the buttons inserts the picked configuration
+    assert push.startswith("modify('visited_store'") and "values: [log2_seqs, log2_tokens, rate_req_s]" in push
+    _, top, bottom, grid = spec["vconcat"]
+    for panel in (top, bottom, grid):
+        faded = [layer for layer in panel["layer"]
+                 if {"filter": {"param": "visited", "empty": False}} in layer.get("transform", [])]
+        assert len(faded) == 1 and faded[0]["mark"]["filled"] is False and faded[0]["mark"]["opacity"] < 1
+        assert faded[0]["mark"]["color"] == chapter.HIGHLIGHT
 
 
 def test_two_knobs_chart_data(df):
@@ -137,6 +209,21 @@ def test_two_knobs_chart_data(df):
     titles = [t for t in walk(spec, "title") if isinstance(t, str)]
     assert all(t == t.lower() for t in titles if t not in ("request rate (req/s)",))
     assert np.isclose(params_value(spec, "rate_req_s"), 5.0)
+
+
+def test_tables_read_in_units():
+    assert [chapter.format_ms(v) for v in (412.4, 1286.0, 468317.0, np.nan)] == ["412 ms", "1.3 s", "468 s",
+                                                                               "refused"]
+    df = pd.DataFrame({"rate_req_s": [19.8] * 3, "max_num_seqs": [8, 8, 1024],
+                       "max_num_batched_tokens": [512, 1024, 512], "p99_ttft_ms": [468317.0, 422.0, np.nan]})
+    html = chapter.ttft_grid_table(df, 19.8).to_html()
+    assert "468 s" in html and "422 ms" in html and "refused" in html and "468317" not in html
+    assert "1,024" in html and "max_num_seqs (sequences)" in html
+    runs = chapter.runs_table(df, {"rate_req_s": "rate (req/s)", "max_num_seqs": "max_num_seqs",
+                                   "p99_ttft_ms": "p99 TTFT"}).to_html()
+    assert "19.8" in runs and "p99 TTFT" in runs and "468 s" in runs
+    gpus = chapter.vllm_defaults_style(chapter.vllm_defaults_table(["a100-80gb"]).set_index("gpu")).to_html()
+    assert "HBM (GiB)" in gpus and "2,048" in gpus and "hbm_gib" not in gpus
 
 
 def params_value(spec, name):
