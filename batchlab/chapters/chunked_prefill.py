@@ -16,6 +16,7 @@ import pandas as pd
 
 from .. import viz
 from . import scenes
+from .static_batching import display_table
 
 
 def chunk_budget_sweep(cost, max_num_batched_tokens, *, unchunked_max_num_batched_tokens: int = 16384,
@@ -68,6 +69,44 @@ def chunk_budget_sweep(cost, max_num_batched_tokens, *, unchunked_max_num_batche
         points.append({**label, **run.measures, "arrival_s": run.arrival_s, "seen_s": run.seen_s})
         lines.append(scenes.decoder_gaps(run, window_s, window_s).assign(**label))
     return pd.DataFrame(points), pd.concat(lines, ignore_index=True)
+
+
+def budget_table(points: pd.DataFrame):
+    """:func:`chunk_budget_sweep`'s points for the page: per budget the slices, the worst gap and the TTFT (ms).
+
+    Used in chapter 06.
+    """
+    df = points.assign(setting=points["config"].map({"chunked": "chunking on", "unchunked": "chunking off"}),
+                       itl_max_ms=points["itl_max_s"] * 1e3, ttft_ms=points["ttft_s"] * 1e3)
+    return display_table(df, {
+        "setting": ("setting", "{}"), "max_num_batched_tokens": ("max_num_batched_tokens (tokens)", "{:,d}"),
+        "largest_chunk_tokens": ("largest slice (tokens)", "{:,d}"), "chunks": ("slices", "{:d}"),
+        "itl_max_ms": ("decoders' worst gap (ms)", "{:,.1f}"), "ttft_ms": ("newcomer's TTFT (ms)", "{:,.0f}")})
+
+
+def async_change(points: pd.DataFrame, late: pd.DataFrame) -> pd.DataFrame:
+    """What async scheduling changes: ``late`` (async) minus ``points`` (synchronous), both from
+    :func:`chunk_budget_sweep` over the same budgets. Used in chapter 06.
+
+    Returns
+    -------
+    DataFrame
+        Indexed by ``config`` and ``max_num_batched_tokens``: ``itl_max_s`` and ``ttft_s``, the change in
+        seconds (negative: earlier or shorter with async scheduling).
+    """
+    key, cols = ["config", "max_num_batched_tokens"], ["itl_max_s", "ttft_s"]
+    return late.set_index(key)[cols] - points.set_index(key)[cols]
+
+
+def async_change_table(change: pd.DataFrame):
+    """:func:`async_change` for the page, in ms with a sign. Used in chapter 06."""
+    df = change.reset_index().assign(
+        setting=lambda d: d["config"].map({"chunked": "chunking on", "unchunked": "chunking off"}),
+        itl_ms=change["itl_max_s"].to_numpy() * 1e3, ttft_ms=change["ttft_s"].to_numpy() * 1e3)
+    return display_table(df, {
+        "setting": ("setting", "{}"), "max_num_batched_tokens": ("max_num_batched_tokens (tokens)", "{:,d}"),
+        "itl_ms": ("change of the decoders' worst gap (ms)", "{:+.2f}"),
+        "ttft_ms": ("change of the newcomer's TTFT (ms)", "{:+.1f}")})
 
 
 class HyperbolaFit(NamedTuple):
@@ -157,7 +196,8 @@ def chunking_chart(points: pd.DataFrame, timeline: pd.DataFrame, curve: pd.DataF
     off = base.transform_filter("datum.config == 'unchunked'").mark_point(shape="square", size=90,
                                                                           color=viz.PALETTE[3])
     names = base.transform_filter("datum.config == 'chunked'").mark_text(align="left", dx=8, dy=-8, fontSize=10
-                                                                         ).encode(text="max_num_batched_tokens:Q")
+                                                                         ).encode(text=alt.Text(
+                                                                             "max_num_batched_tokens:Q", format=","))
     ring = base.transform_filter(chosen).mark_point(size=300, filled=False, strokeWidth=2, color="black")
     left = alt.layer(fit.encode(x=x, y=y), trade.encode(order="max_num_batched_tokens:Q"), off, names, ring
                      ).properties(width=440, height=250)

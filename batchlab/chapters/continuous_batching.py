@@ -14,6 +14,7 @@ from .. import viz
 from ..metrics import tokens_per_step
 from ..sim import simulate
 from ..workload import preset
+from .static_batching import display_table
 
 
 def timeline_runs(cost, requests, *, slots: int = 4, max_queue_delay_s: float = 0.05) -> dict:
@@ -102,6 +103,31 @@ def last_finish_by_seed(cost, workload: str, n_requests: int, rate_req_s: float,
                              max_queue_delay_s=max_queue_delay_s)
         rows[int(seed)] = {p: float(r.requests["finish_s"].max()) for p, r in runs.items()}
     return pd.DataFrame.from_dict(rows, orient="index").rename_axis("seed")
+
+
+def stream_table(requests):
+    """The requests of a stream for the page, one row each: when its client sends it, prompt and output tokens.
+
+    Used in chapter 03.
+
+    Parameters
+    ----------
+    requests : Requests
+    """
+    df = requests.to_frame().rename_axis("request").reset_index()
+    return display_table(df, {"request": ("request", "{:d}"), "arrival_s": ("sent at (s)", "{:.2f}"),
+                              "prompt_tokens": ("prompt (tokens)", "{:,d}"),
+                              "output_tokens": ("output (tokens)", "{:,d}")})
+
+
+def seed_check_table(check: pd.DataFrame):
+    """:func:`last_finish_by_seed` summarised for the page: when the last request ends (s) under each policy,
+    mean, fastest, median and slowest stream. Used in chapter 03.
+    """
+    stats = check.agg(["mean", "min", "median", "max"]).set_axis(
+        ["mean", "fastest stream", "median", "slowest stream"]).rename_axis("last request ends (s)").reset_index()
+    return display_table(stats, {"last request ends (s)": ("last request ends (s)", "{}")}
+                         | {p: (p, "{:.2f}") for p in check.columns})
 
 
 def gantt_chart(df: pd.DataFrame, facet: str = "policy", highlight: bool = False, last_end: bool = False):

@@ -20,11 +20,18 @@ from .._kernels.cost import serve_time
 from ..metrics import full_batch_fraction, idle_while_waiting_fraction
 from ..sim import simulate, vllm_defaults
 from ..workload import preset
+from .static_batching import display_table
 
 LATENCY_COLUMNS = ("mean_e2el_ms", "p99_e2el_ms", "mean_ttft_ms", "p99_ttft_ms")
 POLICY_COLORS = {"static": "#D55E00", "dynamic": "#0072B2", "continuous": "#009E73", "chunked": "#CC79A7"}
+POLICY_SHAPES = {"static": "square", "dynamic": "circle", "continuous": "triangle-up", "chunked": "diamond"}
 LATENCY_LABELS = {"mean_e2el_ms": "mean e2el", "p99_e2el_ms": "p99 e2el", "mean_ttft_ms": "mean ttft",
                   "p99_ttft_ms": "p99 ttft"}
+LATENCY_HEADERS = {"mean_e2el_ms": "mean end-to-end latency (s)", "p99_e2el_ms": "p99 end-to-end latency (s)",
+                   "mean_ttft_ms": "mean time to first token (s)", "p99_ttft_ms": "p99 time to first token (s)"}
+USAGE_HEADERS = {"gpu_busy_fraction": "GPU busy", "idle_while_waiting_fraction": "GPU idle, a request sent",
+                 "idle_while_queued_fraction": "GPU idle, a request at the engine",
+                 "padding_fraction": "padded token slots", "full_batch_fraction": "batches leaving full"}
 
 
 def engine_arrival_s(res) -> np.ndarray:
@@ -121,10 +128,54 @@ def policy_grid(cost, workload: str, n_requests: int, rates_req_s, *, batch_size
     return pd.DataFrame(rows)
 
 
+def capacity_table(capacity: pd.DataFrame):
+    """Saturation throughput of each policy (:func:`policy_grid` at an infinite rate), for the page.
+
+    Used in chapter 02.
+    """
+    return display_table(capacity, {
+        "policy": ("policy", "{}"), "request_throughput": ("saturation throughput (req/s)", "{:.2f}"),
+        "output_throughput": ("output throughput (tok/s)", "{:,.0f}"),
+        "padding_fraction": ("padded token slots", "{:.0%}")})
+
+
+def _seconds(v: float) -> str:
+    """Three significant digits, thousands separated from 100 s up: 0.0365, 1.78, 88.4, 1,204."""
+    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:#.3g}"
+
+
+def latency_table(runs: pd.DataFrame):
+    """Latency and throughput of each run of :func:`policy_grid` (a ``load`` column), in seconds, for the page.
+
+    Used in chapter 02.
+    """
+    df = runs.assign(**{c: runs[c] / 1e3 for c in LATENCY_COLUMNS})
+    columns = {"load": ("offered load", "{}"), "policy": ("policy", "{}")}
+    columns |= {c: (LATENCY_HEADERS[c], _seconds) for c in LATENCY_COLUMNS}
+    return display_table(df, columns | {"request_throughput": ("throughput (req/s)", "{:.2f}")})
+
+
+def usage_table(runs: pd.DataFrame):
+    """Where the GPU's time goes in each run of :func:`policy_grid` (a ``load`` column): :data:`USAGE_HEADERS`
+    as percentages, "–" where a measure does not apply (iteration-level batches never "leave full").
+
+    Used in chapter 02.
+    """
+    columns = {"load": ("offered load", "{}"), "policy": ("policy", "{}")}
+    return display_table(runs, columns | {c: (h, "{:.1%}") for c, h in USAGE_HEADERS.items()})
+
+
 def _policy_color(policies):
     domain = [p for p in POLICY_COLORS if p in set(policies)]
     return alt.Color("policy:N", title=None, sort=domain, legend=alt.Legend(orient="top"),
                      scale=alt.Scale(domain=domain, range=[POLICY_COLORS[p] for p in domain]))
+
+
+def _policy_shape(policies):
+    """A marker shape per policy, so lines that overlap (static and dynamic past saturation) stay apart."""
+    domain = [p for p in POLICY_SHAPES if p in set(policies)]
+    return alt.Shape("policy:N", title=None, sort=domain, legend=alt.Legend(orient="top"),
+                     scale=alt.Scale(domain=domain, range=[POLICY_SHAPES[p] for p in domain]))
 
 
 def latency_frame(runs: pd.DataFrame) -> pd.DataFrame:
@@ -226,11 +277,12 @@ def load_sweep_chart(runs: pd.DataFrame, capacities: pd.DataFrame, metric: str =
     lo, hi = df["rate_req_s"].min(), max(df["rate_req_s"].max(), capacities["rate_req_s"].max())
     x = alt.X("rate_req_s:Q", title="offered load (req/s)",
               scale=alt.Scale(type="log", nice=False, domain=[0.8 * lo, 1.3 * hi]))
-    lines = alt.Chart(df).mark_line(point=True).encode(
-        x=x, y=alt.Y("latency_s:Q", title=f"{LATENCY_LABELS.get(metric, viz.title(metric))} (s)",
-                     scale=alt.Scale(type="log")),
-        color=_policy_color(df["policy"]), tooltip=["policy:N", alt.Tooltip("rate_req_s:Q", format=".3~g"),
-                                                    alt.Tooltip("latency_s:Q", format=".3~g")])
+    y_title = LATENCY_HEADERS.get(metric, f"{viz.title(metric)} (s)")
+    enc = dict(x=x, y=alt.Y("latency_s:Q", title=y_title, scale=alt.Scale(type="log")),
+               color=_policy_color(df["policy"]))
+    tips = ["policy:N", alt.Tooltip("rate_req_s:Q", format=".3~g"), alt.Tooltip("latency_s:Q", format=".3~g")]
+    lines = alt.layer(alt.Chart(df).mark_line().encode(**enc),
+                      alt.Chart(df).mark_point(size=45).encode(shape=_policy_shape(df["policy"]), tooltip=tips, **enc))
     rules = alt.Chart(capacities).mark_rule(color="#888888", strokeDash=[2, 2]).encode(x="rate_req_s:Q")
     text = alt.Chart(capacities).mark_text(align="right", angle=270, baseline="bottom", dx=-4, color="#555555",
                                            y=0).encode(x="rate_req_s:Q", text="label:N")

@@ -13,8 +13,15 @@ import pandas as pd
 
 from .. import viz
 from ..hardware import get_hardware
+from .static_batching import display_table
 
 COST_COLORS = {"roofline": viz.PALETTE[0], "calibrated": viz.PALETTE[1]}
+GPU_NAMES = {"h100-sxm": "H100 SXM", "h200": "H200"}  # hardware preset -> the name a reader knows
+
+
+def gpu_name(hardware: str) -> str:
+    """A hardware preset as a reader names the GPU (``"h100-sxm"`` -> "H100 SXM"). Used in chapter 04."""
+    return GPU_NAMES.get(hardware, hardware)
 
 
 def step_time_grid(cost, batches, contexts, hardware=("h100-sxm", "h200")):
@@ -39,7 +46,7 @@ def step_time_grid(cost, batches, contexts, hardware=("h100-sxm", "h200")):
     curves : DataFrame
         ``hardware``, ``cost`` ("roofline" = ``cost.ideal()``, or "calibrated"), ``context``,
         ``context_index``, ``batch``, ``step_time_s`` (s) and ``kv_fits`` (the batch's KV cache fits the
-        pool beside the weights at 90 % memory utilisation).
+        pool beside the weights, :meth:`batchlab.CostModel.kv_pool_blocks` at vLLM's default memory utilisation).
     knees : DataFrame
         One row per hardware, cost and context: ``knee`` = ``CostModel.knee(context)`` (sequences),
         ``b_kv`` (``CostModel.kv_knee(context)``, sequences) and ``step_time_s`` at the knee (s).
@@ -93,6 +100,20 @@ def knee_table(costs: dict, contexts, hardware=("h100-sxm", "h200")) -> pd.DataF
     return pd.DataFrame(rows)
 
 
+def knee_display(table: pd.DataFrame):
+    """:func:`knee_table` for the page: KV limit and knee in sequences, "none" where there is no cache.
+
+    Used in chapter 04.
+    """
+    def sequences(v):
+        return "none" if np.isinf(v) else f"{v:,.1f}"
+
+    knees = {c: (f"knee on {gpu_name(c.removeprefix('knee_'))} (sequences)", sequences)
+             for c in table.columns if c.startswith("knee_")}
+    return display_table(table, {"model": ("model", "{}"), "context": ("context (tokens)", "{:,d}"),
+                                 "b_kv": ("KV limit (sequences)", sequences)} | knees)
+
+
 def step_time_roofline_chart(curves: pd.DataFrame, knees: pd.DataFrame, width: int = 215, height: int = 230):
     """Decode step time against batch on log-log axes, one panel per GPU, a control over context.
 
@@ -131,7 +152,7 @@ def step_time_roofline_chart(curves: pd.DataFrame, knees: pd.DataFrame, width: i
     for hw in curves["hardware"].unique():
         line = alt.Chart(curves[curves["hardware"] == hw]).transform_filter(at)
         knee = alt.Chart(knees[knees["hardware"] == hw]).transform_filter(at)
-        head = f"'{hw} · context ' + format(datum.context, ',') + ' tokens'"
+        head = f"'{gpu_name(hw)} · context ' + format(datum.context, ',') + ' tokens'"
         panels.append(alt.layer(
             line.transform_filter("datum.kv_fits").mark_line().encode(x=x, y=y, color=color),
             line.mark_line(opacity=0.35, strokeDash=[2, 2]).encode(x=x, y=y, color=color),

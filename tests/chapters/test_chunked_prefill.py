@@ -150,3 +150,18 @@ def test_chunking_chart_data_in_seconds_shown_in_ms(frames):
     calcs = [c["calculate"] for c in walk(spec, "transform") for c in (c if isinstance(c, list) else [c])
              if isinstance(c, dict) and "calculate" in c]
     assert "datum.itl_max_s * 1000" in calcs and "datum.itl_s * 1000" in calcs
+
+
+def test_page_tables_and_async_change(sweep):
+    points, _ = sweep
+    table = chapter.budget_table(points)
+    assert list(table.data.columns) == ["setting", "max_num_batched_tokens (tokens)", "largest slice (tokens)",
+                                        "slices", "decoders' worst gap (ms)", "newcomer's TTFT (ms)"]
+    assert table.data["setting"].iloc[-1] == "chunking off"
+    assert np.allclose(table.data["newcomer's TTFT (ms)"], points["ttft_s"] * 1e3)
+    later = points.assign(ttft_s=points["ttft_s"] + 0.002, itl_max_s=points["itl_max_s"] - 0.001)
+    change = chapter.async_change(points, later)
+    assert list(change.index.names) == ["config", "max_num_batched_tokens"]
+    assert np.allclose(change["ttft_s"], 0.002) and np.allclose(change["itl_max_s"], -0.001)
+    html = chapter.async_change_table(change).to_html()
+    assert "+2.0" in html and "-1.00" in html

@@ -146,3 +146,14 @@ def test_occupancy_panels_chart(runs):
     assert area["mark"]["interpolate"] == line["mark"]["interpolate"] == "step-after"
     assert area["encoding"]["y"]["title"] == "sequences" and area["encoding"]["x"]["title"] == "time (s)"
     assert area["encoding"]["color"]["scale"]["domain"] == ["slots held", "rows generating"]
+
+
+def test_page_tables(cost8b):
+    stream = bl.preset("azure-conv-2023", 6, rate_req_s=4.0, seed=0)
+    table = chapter.stream_table(stream)
+    assert list(table.data.columns) == ["request", "sent at (s)", "prompt (tokens)", "output (tokens)"]
+    assert table.data["prompt (tokens)"].tolist() == stream.to_frame()["prompt_tokens"].tolist()
+    check = pd.DataFrame({"static": [3.0, 5.0, 4.0], "dynamic": [2.0, 6.0, 4.0], "continuous": [1.0, 2.0, 3.0]})
+    stats = chapter.seed_check_table(check).data.set_index("last request ends (s)")
+    assert stats.loc["median", "static"] == 4.0 and stats.loc["fastest stream", "dynamic"] == 2.0
+    assert stats.loc["slowest stream", "continuous"] == 3.0 and stats.loc["mean", "continuous"] == 2.0

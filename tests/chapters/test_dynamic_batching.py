@@ -149,10 +149,35 @@ def test_load_sweep_chart(cost8b):
                                 iteration=("continuous",))
     caps = pd.DataFrame({"rate_req_s": [2.0, 20.0], "label": ["lockstep saturation", "iteration-level saturation"]})
     spec = chapter.load_sweep_chart(sweep, caps).to_dict()
-    assert marks(spec) == {"line", "rule", "text"} and "title" not in spec
-    line = spec["layer"][0]["encoding"]
+    assert marks(spec) == {"line", "point", "rule", "text"} and "title" not in spec
+    line = spec["layer"][0]["layer"][0]["encoding"]
     assert line["x"]["scale"]["type"] == "log" and line["y"]["scale"]["type"] == "log"
-    assert line["y"]["title"] == "mean e2el (s)" and line["x"]["title"] == "offered load (req/s)"
+    assert line["y"]["title"] == "mean end-to-end latency (s)" and line["x"]["title"] == "offered load (req/s)"
+    # a marker per policy: static's line may hide under dynamic's
+    shapes = spec["layer"][0]["layer"][1]["encoding"]["shape"]["scale"]
+    assert shapes["domain"] == ["static", "dynamic", "continuous"] and len(set(shapes["range"])) == 3
     assert spec["layer"][1]["encoding"]["x"]["field"] == "rate_req_s"
     p99 = chapter.load_sweep_chart(sweep, caps, metric="p99_ttft_ms").to_dict()
-    assert p99["layer"][0]["encoding"]["y"]["title"] == "p99 ttft (s)"
+    assert p99["layer"][0]["layer"][0]["encoding"]["y"]["title"] == "p99 time to first token (s)"
+
+
+def test_page_tables_say_what_each_number_is(runs):
+    shown = runs[runs["max_queue_delay_s"].isna() | np.isclose(runs["max_queue_delay_s"], 0.02)]
+    latency = chapter.latency_table(shown)
+    assert list(latency.data.columns) == ["offered load", "policy", "mean end-to-end latency (s)",
+                                          "p99 end-to-end latency (s)", "mean time to first token (s)",
+                                          "p99 time to first token (s)", "throughput (req/s)"]
+    # seconds, not ms: the table's values are the grid's divided by 1,000
+    assert np.allclose(latency.data["mean end-to-end latency (s)"], shown["mean_e2el_ms"] / 1e3)
+    html = chapter.usage_table(shown).to_html()
+    assert "GPU busy" in html and "%" in html and "–" in html  # iteration-level batches never "leave full"
+    assert not any(f"{r:.6f}" in html for r in shown["rate_req_s"])  # no bare rates as headers
+    assert [chapter._seconds(v) for v in (0.036517, 1.775439, 88.381793, 204.7986)] == ["0.0365", "1.78", "88.4",
+                                                                                      "205"]
+
+
+def test_capacity_table(cost8b):
+    capacity = chapter.policy_grid(cost8b, "azure-conv-2023", 32, [np.inf], batch_size=8, seed=0)
+    table = chapter.capacity_table(capacity)
+    assert list(table.data.columns) == ["policy", "saturation throughput (req/s)", "output throughput (tok/s)",
+                                        "padded token slots"]

@@ -57,3 +57,25 @@ def test_padding_chart(sweep):
 def test_padding_chart_without_batch_panel(sweep):
     spec = chapter.padding_chart(sweep[0]).to_dict()
     assert "layer" in spec and spec["params"][0]["name"] == "cv"
+
+
+def test_display_table_renames_formats_and_hides_the_index():
+    frame = pd.DataFrame({"a_s": [0.12345, np.nan], "share": [0.5, 0.25], "unused": [1, 2]})
+    styler = chapter.display_table(frame, {"share": ("share", "{:.0%}"), "a_s": ("a (s)", "{:.2f}")})
+    assert list(styler.data.columns) == ["share", "a (s)"]  # display order, the unused column dropped
+    html = styler.to_html()
+    assert "50%" in html and "0.12" in html and "0.12345" not in html and "–" in html
+    assert "unused" not in html and ">0<" not in html  # no index column
+
+
+def test_page_tables_have_units_in_headers(sweep, cost8b):
+    summary, _ = sweep
+    table = chapter.sweep_table(summary)
+    assert list(table.data.columns) == ["output-length CV", "padded token slots", "batch time half empty",
+                                        "longest output (tokens)", "run time (s)", "output throughput (tok/s)"]
+    assert "%" in table.to_html()
+    res = bl.simulate(bl.synthetic(64, 512, 256, prompt_cv=0.0, output_cv=1.0, seed=0), "static", cost8b,
+                      batch_size=8)
+    first = chapter.first_batch_table(res.requests, 8, n=5)
+    assert len(first.data) == 5 and first.data["request"].tolist() == [0, 1, 2, 3, 4]
+    assert first.data["slot released (s)"].nunique() == 1  # the whole batch leaves together

@@ -146,3 +146,13 @@ def test_uneven_grid_gets_its_contexts_and_one_context_nothing_to_choose(frames)
         one, knees[(knees["hardware"] == "h200") & (knees["context"] == 4096)]).to_dict()
     assert len(spec["hconcat"]) == 1 and "bind" not in spec["params"][0]  # a live explore cell's single context
     assert spec["params"][0]["value"] == 4.0
+
+
+def test_knee_display_names_gpus_and_marks_no_cache(cost8b):
+    table = chapter.knee_table({"8B": cost8b}, [0, 1024])
+    shown = chapter.knee_display(table)
+    assert list(shown.data.columns) == ["model", "context (tokens)", "KV limit (sequences)",
+                                        "knee on H100 SXM (sequences)", "knee on H200 (sequences)"]
+    html = shown.to_html()
+    assert "none" in html and "inf" not in html and "111.8" in html and "1,024" in html
+    assert chapter.gpu_name("h200") == "H200" and chapter.gpu_name("b200") == "b200"
