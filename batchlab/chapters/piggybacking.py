@@ -23,6 +23,9 @@ MIXING_POLICIES = {  # label -> (policy, knobs): three ways to combine prompts w
     "prefill-only steps (vLLM V0)": ("continuous", {"prefill_only_steps": True}),
 }
 KIND_COLORS = {"decode": viz.PALETTE[0], "mixed": viz.PALETTE[2], "prefill": viz.PALETTE[3]}
+RUN_SHAPES = ("circle", "triangle-up", "square", "diamond")  # one per run of the utilisation chart, in order
+POLICY_DASHES = ([1, 0], [6, 3], [2, 2], [8, 2, 2, 2])  # solid, dashed, dotted: lines that coincide stay visible
+POLICY_SHAPES = ("circle", "square", "triangle-up", "diamond")
 
 
 def within_context(cost, requests):
@@ -205,6 +208,83 @@ def mixing_comparison(cost, workload: str, n_requests: int, rates_req_s, *, max_
     return pd.DataFrame(rows)
 
 
+def kind_table(util: pd.DataFrame):
+    """Median share of peak compute and bandwidth, intensity and duration of each kind of iteration (a ``Styler``).
+
+    Used in chapter 07: ``util`` is :func:`step_utilisation`; one row per kind, with the number of iterations.
+    """
+    cols = {"compute_util": "compute (% of peak)", "bandwidth_util": "bandwidth (% of peak)",
+            "intensity": "intensity (FLOP/byte)", "duration_s": "duration (ms)"}
+    out = util.groupby("kind")[list(cols)].median()
+    out = out.assign(duration_s=out["duration_s"] * 1e3, iterations=util.groupby("kind").size()).rename(columns=cols)
+    out.index.name = "iteration (median)"
+    fmt = {"compute (% of peak)": "{:.0%}", "bandwidth (% of peak)": "{:.0%}", "intensity (FLOP/byte)": "{:,.0f}",
+           "duration (ms)": "{:.1f}", "iterations": "{:,}"}
+    return out.style.format(fmt)
+
+
+def prefill_stalls(steps: pd.DataFrame) -> pd.DataFrame:
+    """Runs of consecutive prefill-only iterations: the stretches every running decode waits through.
+
+    Used in chapter 07. ``steps`` is ``SimResult.steps``; an iteration is prefill-only if it computes prompt
+    tokens and no decode. Returns one row per stall: ``start_s`` (s), ``iterations`` and ``duration_s`` (s).
+    """
+    only = ((steps["decode_seqs"] == 0) & (steps["prefill_tokens"] > 0)).to_numpy()
+    stall = np.cumsum(~only)[only]  # consecutive prefill-only iterations share the count of iterations before
+    g = steps[only].groupby(stall)
+    return pd.DataFrame({"start_s": g["start_s"].min(), "iterations": g.size(),
+                         "duration_s": g["duration_s"].sum()}).reset_index(drop=True)
+
+
+def stall_comparison(cost, workload: str, n_requests: int, rates_req_s, *, seed=0) -> pd.DataFrame:
+    """Why prefill-only iterations give a p99 ITL that peaks near capacity: stalls and the KV cache per rate.
+
+    Runs ``continuous`` with ``prefill_only_steps=True`` (vLLM V0's order) on the stream of
+    :func:`mixing_comparison` at each rate. Used in chapter 07.
+
+    Parameters
+    ----------
+    cost : CostModel
+    workload : str
+        A real-trace preset.
+    n_requests : int
+    rates_req_s : sequence of float
+        Offered arrival rates (requests/s).
+    seed : int
+
+    Returns
+    -------
+    DataFrame
+        One row per rate: ``rate_req_s``, ``n_requests``, ``p99_itl_ms``, ``p99_ttft_ms`` (ms),
+        ``request_throughput`` (req/s), ``preemptions``, ``kv_used`` (median share of the KV pool in use over the
+        iterations), ``stalls``, ``chained`` (share of stalls longer than one iteration), ``p99_stall_ms`` (ms).
+    """
+    rows = []
+    for rate in rates_req_s:
+        stream = within_context(cost, preset(workload, n_requests, rate_req_s=float(rate), seed=seed))
+        res = simulate(stream, "continuous", cost, prefill_only_steps=True)
+        summary, stalls = res.summary(), prefill_stalls(res.steps)
+        pool = res.knobs["num_kv_blocks"] - 1  # blocks; one is vLLM's null block
+        rows.append({"rate_req_s": float(rate), "n_requests": n_requests, **{k: summary[k] for k in (
+            "p99_itl_ms", "p99_ttft_ms", "request_throughput", "preemptions")},
+            "kv_used": float(res.steps["kv_blocks_used"].median() / pool), "stalls": len(stalls),
+            "chained": float((stalls["iterations"] > 1).mean()),
+            "p99_stall_ms": float(stalls["duration_s"].quantile(0.99) * 1e3)})
+    return pd.DataFrame(rows)
+
+
+def stall_table(stalls: pd.DataFrame):
+    """:func:`stall_comparison` with headers in words and units (a ``Styler``). Used in chapter 07."""
+    cols = {"n_requests": "requests", "rate_req_s": "offered (req/s)", "request_throughput": "served (req/s)",
+            "kv_used": "KV cache in use (median)", "chained": "stalls of 2+ iterations",
+            "p99_stall_ms": "p99 stall (ms)", "p99_itl_ms": "p99 ITL (ms)", "p99_ttft_ms": "p99 TTFT (s)"}
+    out = stalls[list(cols)].assign(p99_ttft_ms=stalls["p99_ttft_ms"] / 1e3).rename(columns=cols)
+    fmt = {"requests": "{:,}", "offered (req/s)": "{:.0f}", "served (req/s)": "{:.1f}",
+           "KV cache in use (median)": "{:.0%}", "stalls of 2+ iterations": "{:.0%}", "p99 stall (ms)": "{:,.0f}",
+           "p99 ITL (ms)": "{:,.0f}", "p99 TTFT (s)": "{:,.1f}"}
+    return out.style.format(fmt).hide(axis="index")
+
+
 def _kind_color():
     return alt.Color("kind:N", title="step", legend=alt.Legend(orient="top"),
                      scale=alt.Scale(domain=list(KIND_COLORS), range=list(KIND_COLORS.values())))
@@ -225,15 +305,19 @@ def utilisation_chart(steps: pd.DataFrame, ceiling: pd.DataFrame):
 
     Returns
     -------
-    altair chart: utilisation shares on top, achieved TFLOP/s against intensity on log axes below.
+    altair chart: utilisation shares on top, achieved TFLOP/s against intensity on log axes below; colour is
+    the kind of iteration, shape the run (with a legend for each).
     """
     tips = ["run:N", "kind:N", "prefill_tokens:Q", "decode_seqs:Q", alt.Tooltip("compute_util:Q", format=".0%"),
             alt.Tooltip("bandwidth_util:Q", format=".0%")]
     share, pct = alt.Scale(domain=[0, 1]), alt.Axis(format="%", values=[0, 0.2, 0.4, 0.6, 0.8, 1.0])
-    utils = alt.Chart(steps).mark_circle(size=18, opacity=0.5).encode(
+    labels = list(dict.fromkeys(steps["run"]))
+    run = alt.Shape("run:N", title="run", scale=alt.Scale(domain=labels, range=list(RUN_SHAPES[:len(labels)])),
+                    legend=alt.Legend(orient="top", direction="vertical", labelLimit=0))
+    utils = alt.Chart(steps).mark_point(size=22, opacity=0.5, filled=True).encode(
         x=alt.X("bandwidth_util:Q", title="share of peak memory bandwidth (%)", scale=share, axis=pct),
         y=alt.Y("compute_util:Q", title="share of peak compute (%)", scale=share, axis=pct),
-        color=_kind_color(), tooltip=tips).properties(width=440, height=220)
+        color=_kind_color(), shape=run, tooltip=tips).properties(width=440, height=220)
     tflops = "datum.flops_per_s / 1e12"
     x = alt.X("intensity:Q", title="arithmetic intensity (flop per byte)", scale=alt.Scale(type="log", nice=False),
               axis=alt.Axis(values=viz.log_ticks(ceiling["intensity"]), format=","))
@@ -241,8 +325,8 @@ def utilisation_chart(steps: pd.DataFrame, ceiling: pd.DataFrame):
     ticks = viz.log_ticks(steps["flops_per_s"].tolist() + ceiling["flops_per_s"].tolist(), 1e-12)
     y = alt.Y("tflops:Q", title="achieved compute (tflop/s)", scale=alt.Scale(type="log", domain=span),
               axis=alt.Axis(values=ticks, format=","))
-    dots = alt.Chart(steps).transform_calculate(tflops=tflops).mark_circle(size=18, opacity=0.5).encode(
-        x=x, y=y, color=_kind_color(), tooltip=tips)
+    dots = alt.Chart(steps).transform_calculate(tflops=tflops).mark_point(size=22, opacity=0.5, filled=True).encode(
+        x=x, y=y, color=_kind_color(), shape=run, tooltip=tips)
     roof = alt.Chart(ceiling).transform_calculate(tflops=tflops).mark_line(color="#333333", strokeWidth=1).encode(
         x=x, y=y)
     return alt.vconcat(utils, alt.layer(roof, dots).properties(width=440, height=220))
@@ -300,16 +384,29 @@ def mixing_chart(df: pd.DataFrame, rate_req_s: float):
 
     Returns
     -------
-    altair chart: throughput on top, p99 ITL (log axis) below.
+    altair chart: throughput on top, p99 ITL (log axis) below; each policy has its colour, dash and marker
+    shape, so lines that coincide stay distinguishable.
     """
-    color = alt.Color("policy:N", title=None, legend=alt.Legend(orient="bottom", columns=1, labelLimit=0))
+    policies = list(dict.fromkeys(df["policy"]))
+    legend = alt.Legend(orient="bottom", columns=1, labelLimit=0, symbolStrokeWidth=2, symbolSize=60)
+    color = alt.Color("policy:N", title=None, legend=legend, scale=alt.Scale(domain=policies))
+    dash = alt.StrokeDash("policy:N", title=None, legend=legend,
+                          scale=alt.Scale(domain=policies, range=list(POLICY_DASHES[:len(policies)])))
+    shape = alt.Shape("policy:N", title=None, legend=legend,
+                      scale=alt.Scale(domain=policies, range=list(POLICY_SHAPES[:len(policies)])))
     x = alt.X("rate_req_s:Q", title="offered load (requests/s)")
-    base = alt.Chart(df[np.isfinite(df["rate_req_s"])]).encode(x=x, color=color, tooltip=list(df.columns[:2]))
+    tips = [alt.Tooltip("rate_req_s:Q", title="offered load (req/s)"), "policy:N",
+            alt.Tooltip("output_throughput:Q", format=",.0f", title="output throughput (tok/s)"),
+            alt.Tooltip("p99_itl_ms:Q", format=",.0f", title="p99 inter-token latency (ms)")]
+    base = alt.Chart(df[np.isfinite(df["rate_req_s"])]).encode(x=x, color=color, strokeDash=dash, tooltip=tips)
     mark = alt.Chart(pd.DataFrame({"rate_req_s": [rate_req_s]})).mark_rule(strokeDash=[4, 3], color="#777777").encode(
         x=x)
-    tput = alt.layer(base.mark_line(point=True).encode(
-        y=alt.Y("output_throughput:Q", title=viz.title("output_throughput"))), mark).properties(width=440, height=200)
-    itl = alt.layer(base.mark_line(point=True).encode(y=alt.Y("p99_itl_ms:Q", title="p99 inter-token latency (ms)",
-                                                              scale=alt.Scale(type="log"))),
+    def lines(y):  # dashed lines under hollow markers of three shapes: where the lines coincide, both show
+        return [base.mark_line(strokeWidth=2).encode(y=y),
+                base.mark_point(filled=False, size=55, strokeWidth=1.5).encode(y=y, shape=shape)]
+
+    tput = alt.layer(*lines(alt.Y("output_throughput:Q", title=viz.title("output_throughput"))),
+                     mark).properties(width=440, height=200)
+    itl = alt.layer(*lines(alt.Y("p99_itl_ms:Q", title="p99 inter-token latency (ms)", scale=alt.Scale(type="log"))),
                     mark).properties(width=440, height=200)
     return alt.vconcat(tput, itl)

@@ -1,5 +1,7 @@
-"""Chapter 07 (piggybacking): step kinds, per-step utilisation, the budget split and the mixing comparison, and
-the charts' specs (utilisation and roofline, the budget split with its slider, the mixing comparison)."""
+"""Chapter 07 (piggybacking): step kinds, per-step utilisation, the budget split, the mixing comparison, the stalls
+of prefill-only steps behind their p99 ITL peak, the readable tables, and the charts' specs (utilisation and
+roofline with a shape per run, the budget split with its buttons, the mixing comparison with a dash and a marker
+per policy)."""
 from __future__ import annotations
 
 import numpy as np
@@ -115,10 +117,14 @@ def test_utilisation_chart(cost8b, small_stream):
     steps = chapter.step_utilisation(runs)
     spec = chapter.utilisation_chart(steps, chapter.roofline_ceiling(cost8b, np.geomspace(1, 1e4, 20))).to_dict()
     left, right = spec["vconcat"]
-    assert marks(left) == {"circle"} and marks(right) == {"line", "circle"}
+    assert marks(left) == {"point"} and marks(right) == {"line", "point"}
     assert left["encoding"]["x"]["field"] == "bandwidth_util" and left["encoding"]["y"]["field"] == "compute_util"
     assert left["encoding"]["color"]["scale"]["domain"] == ["decode", "mixed", "prefill"]
     dots = right["layer"][1]["encoding"]
+    for enc in (left["encoding"], dots):  # the two runs pooled in one scatter, told apart by shape, with a legend
+        assert enc["shape"]["field"] == "run" and enc["shape"]["scale"]["domain"] == ["chunked", "v0"]
+        assert enc["shape"]["scale"]["range"] == ["circle", "triangle-up"] and enc["shape"]["title"] == "run"
+        assert enc["shape"]["legend"]["orient"] == "top"
     assert dots["x"]["scale"]["type"] == "log" and dots["y"]["scale"]["type"] == "log"
     assert "title" not in spec and all(t == t.lower() for t in titles(spec))
 
@@ -143,11 +149,47 @@ def test_mixing_chart():
                        "output_throughput": [1e3, 1e3, 2e3, 1.9e3, 2.1e3, 2e3], "p99_itl_ms": [50, 90] * 3})
     spec = chapter.mixing_chart(df, rate_req_s=20.0).to_dict()
     left, right = spec["vconcat"]
-    assert marks(spec) == {"line", "rule"}
+    assert marks(spec) == {"line", "point", "rule"}
     assert left["layer"][0]["encoding"]["y"]["field"] == "output_throughput"
+    for panel in (left, right):  # coinciding lines stay visible: a dash and a hollow marker shape per policy
+        line, dots = panel["layer"][0], panel["layer"][1]
+        dash = line["encoding"]["strokeDash"]["scale"]
+        assert dash["domain"] == ["a", "b"] and dash["range"][0] != dash["range"][1]
+        shape = dots["encoding"]["shape"]["scale"]
+        assert shape["domain"] == ["a", "b"] and len(set(shape["range"])) == 2 and dots["mark"]["filled"] is False
     assert right["layer"][0]["encoding"]["y"]["scale"]["type"] == "log"
     assert left["layer"][0]["encoding"]["x"]["field"] == "rate_req_s"
     data = spec["datasets"]
     assert not any(np.isinf(r["rate_req_s"]) for rows in data.values() for r in rows
                    if isinstance(r.get("rate_req_s"), float))
     assert all(t == t.lower() for t in titles(spec))
+
+
+def test_prefill_stalls_closed_form():
+    steps = pd.DataFrame({"start_s": [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0], "duration_s": [1.0] * 7,
+                          "prefill_tokens": [100, 0, 50, 60, 10, 70, 0], "decode_seqs": [0, 5, 0, 0, 4, 0, 0]})
+    stalls = chapter.prefill_stalls(steps)  # prefill-only: 0, then 2-3, then 5; 6 is an idle step (neither)
+    assert stalls["start_s"].tolist() == [0.0, 2.0, 5.0] and stalls["iterations"].tolist() == [1, 2, 1]
+    assert stalls["duration_s"].tolist() == [1.0, 2.0, 1.0]
+
+
+def test_stall_comparison_explains_the_prefill_only_peak(cost8b):
+    df = chapter.stall_comparison(cost8b, "azure-conv-2023", 1000, [4.0, 40.0], seed=1)
+    assert df["rate_req_s"].tolist() == [4.0, 40.0] and (df["n_requests"] == 1000).all()
+    light, heavy = df.iloc[0], df.iloc[1]
+    assert (df["preemptions"] == 0).all()  # whole-request KV reserved at admission: nobody is preempted
+    assert light["kv_used"] < 0.5 < 0.95 < heavy["kv_used"] <= 1.0  # overload fills the cache ...
+    assert heavy["chained"] < 0.5 and 0 <= light["chained"] <= 1  # ... and admission waits for freed blocks
+    assert heavy["request_throughput"] < 40.0 and heavy["p99_ttft_ms"] > 10 * light["p99_ttft_ms"]
+    stream = chapter.within_context(cost8b, bl.preset("azure-conv-2023", 1000, rate_req_s=4.0, seed=1))
+    res = bl.simulate(stream, "continuous", cost8b, prefill_only_steps=True)
+    assert light["p99_itl_ms"] == res.summary()["p99_itl_ms"]  # the same run as the mixing comparison's V0
+    assert light["stalls"] == len(chapter.prefill_stalls(res.steps))
+    html = chapter.stall_table(df).to_html()
+    assert "KV cache in use (median)" in html and "p99 TTFT (s)" in html and "kv_used" not in html
+
+
+def test_kind_table_reads_in_units(cost8b, small_stream):
+    util = chapter.step_utilisation({"a": bl.simulate(small_stream, "chunked", cost8b, max_num_batched_tokens=2048)})
+    html = chapter.kind_table(util).to_html()
+    assert "compute (% of peak)" in html and "duration (ms)" in html and "%" in html and "compute_util" not in html
