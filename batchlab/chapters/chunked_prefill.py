@@ -184,9 +184,12 @@ def chunking_chart(points: pd.DataFrame, timeline: pd.DataFrame, curve: pd.DataF
     toggle = alt.param(name="chunking", value=True, bind=alt.binding_checkbox(name="chunked prefill "))
     chosen = f"chunking ? (datum.config == 'chunked' && {at_budget}) : datum.config == 'unchunked'"
     ms = {"itl_ms": "datum.itl_max_s * 1000", "ttft_ms": "datum.ttft_s * 1000"}
-    x = alt.X("ttft_ms:Q", title="newcomer's time to first token (ms)", scale=alt.Scale(type="log", nice=False),
+    # 14 px of padding: the end points (chunking off, the smallest budget) are drawn whole, not on the axes
+    x = alt.X("ttft_ms:Q", title="newcomer's time to first token (ms)",
+              scale=alt.Scale(type="log", nice=False, padding=14),
               axis=alt.Axis(values=viz.log_ticks(points["ttft_s"] * 1e3), format=","))
-    y = alt.Y("itl_ms:Q", title="decoders' worst inter-token latency (ms)", scale=alt.Scale(type="log", nice=False),
+    y = alt.Y("itl_ms:Q", title="decoders' worst inter-token latency (ms)",
+              scale=alt.Scale(type="log", nice=False, padding=14),
               axis=alt.Axis(values=viz.log_ticks(points["itl_max_s"] * 1e3), format=","))
     tips = ["config:N", "max_num_batched_tokens:Q", alt.Tooltip("itl_ms:Q", format=".1f"),
             alt.Tooltip("ttft_ms:Q", format=".0f")]

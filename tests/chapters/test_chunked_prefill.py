@@ -133,6 +133,7 @@ def test_chunking_chart_layers_and_encodings(frames):
     assert {"line", "point", "text"} <= marks(left) and {"bar", "rule", "text"} <= marks(right)
     x, y = left["layer"][1]["encoding"]["x"], left["layer"][1]["encoding"]["y"]
     assert (x["field"], y["field"]) == ("ttft_ms", "itl_ms") and x["scale"]["type"] == y["scale"]["type"] == "log"
+    assert x["scale"]["padding"] > 0 and y["scale"]["padding"] > 0  # end points clear of the axes
     assert x["title"] == "newcomer's time to first token (ms)"
     bars = right["layer"][0]["encoding"]
     assert bars["x"]["field"] == "time_s" and bars["y"]["field"] == "itl_ms"
