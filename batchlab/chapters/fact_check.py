@@ -138,3 +138,23 @@ def tradeoff_chart(trade: pd.DataFrame, width: int = 420, height: int = 260):
         picked.mark_text(align="right", baseline="top", fontWeight="bold").encode(
             x=alt.value(width), y=alt.value(4), text="label:N"),
     ).properties(width=width, height=height).add_params(param)
+
+
+VERDICT_COLOURS = {"holds": "#d9f0d3", "holds under stated conditions": "#fff2cc", "does not hold": "#f8d0c8"}
+
+
+def styled_verdicts(table: pd.DataFrame):
+    """The claim table of :func:`batchlab.chapters.verdicts.claim_table` as the page shows it: numbered claims,
+    readable headers, the verdict cell coloured by its category. Used in chapter 11.
+
+    Returns a pandas Styler with the columns ``claim``, ``the article says``, ``about`` (model and GPU),
+    ``verdict`` and ``computed here``.
+    """
+    shown = pd.DataFrame({"claim": range(1, len(table) + 1), "the article says": table["claim"],
+                          "about": table["scope"], "verdict": table["verdict"], "computed here": table["numbers"]})
+    return (shown.style.hide(axis="index").set_uuid("fact-check")
+            .map(lambda v: f"background-color: {VERDICT_COLOURS[v]}", subset=["verdict"])
+            .set_properties(**{"text-align": "left", "vertical-align": "top", "padding": "0.35em 0.6em"})
+            .set_table_styles([{"selector": "th",
+                                "props": "text-align: left; padding: 0.35em 0.6em; border-bottom: 2px solid #888"},
+                               {"selector": "td", "props": "border-bottom: 1px solid #ddd"}]))

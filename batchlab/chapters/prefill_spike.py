@@ -162,8 +162,12 @@ def spike_chart(itl: pd.DataFrame, behind: pd.DataFrame, reference_ms: float | N
     model, at_model = viz.choice_param("model", itl["model"].unique(), "model")
     order, at_order = viz.choice_param("order", itl["order"].unique(), "scheduler order")
     pick = f"{at_model} && {at_order}"
+    # Both y axes reserve room for the widest label of any selection (the 70B model's gaps run to thousands of
+    # ms), so choosing another run never pushes an axis title past the chart's left edge.
+    widest = label_extent(itl["itl_ms"], behind["ttft_ms"], reference_ms or 0)
+    y_axis = alt.Axis(minExtent=widest, titlePadding=8)
     x = alt.X("time_s:Q", title="time since the long prompt arrived (s)")
-    y = alt.Y("itl_ms:Q", title=viz.title("itl_ms"))
+    y = alt.Y("itl_ms:Q", title=viz.title("itl_ms"), axis=y_axis)
     base = alt.Chart(itl).transform_filter(pick)
     layers = [
         base.mark_circle(size=30, opacity=0.85, color=viz.PALETTE[0]).encode(
@@ -179,10 +183,21 @@ def spike_chart(itl: pd.DataFrame, behind: pd.DataFrame, reference_ms: float | N
                    ref.mark_text(align="right", baseline="bottom", dy=-3, color="#555555").encode(
                        x=alt.value(width), y=y, text="text:N")]
     ttft = alt.Chart(behind).transform_filter(pick).mark_line(point=True).encode(
-        x=alt.X("arrival_ms:Q", title="arrival after the long prompt (ms)"), y=alt.Y("ttft_ms:Q", title="ttft (ms)"),
+        x=alt.X("arrival_ms:Q", title="arrival after the long prompt (ms)"),
+        y=alt.Y("ttft_ms:Q", title="ttft (ms)", axis=y_axis),
         color=alt.Color("run:N", title=None, legend=alt.Legend(orient="top"),
                         scale=alt.Scale(domain=sorted(behind["run"].unique()), range=[viz.PALETTE[3], viz.PALETTE[2]])),
         tooltip=["run:N", alt.Tooltip("arrival_ms:Q", format=".1f"), alt.Tooltip("ttft_ms:Q", format=".1f")])
     return alt.vconcat(alt.layer(*layers).properties(width=width, height=height),
                        ttft.properties(width=width, height=int(height * 0.6))).resolve_legend(
-        color="independent").add_params(model, order)  # the legend sits with the panel it belongs to
+        color="independent").add_params(model, order).properties(  # the legend sits with its panel
+        padding={"left": 12, "top": 5, "right": 5, "bottom": 5})
+
+
+def label_extent(*values, px_per_char: int = 7) -> int:
+    """Pixels a y axis's labels need for the largest of ``values`` printed as ``1,234``, plus the tick.
+
+    Used by :func:`spike_chart` (chapter 05) so every selection draws its axes at the same width.
+    """
+    top = max(float(np.nanmax(np.asarray(v, dtype=float))) for v in values)
+    return px_per_char * len(f"{top:,.0f}") + 10

@@ -436,3 +436,27 @@ def e2e_headline(e2e: pd.DataFrame, errors: pd.DataFrame) -> dict:
     fp8_8b = e2e[(e2e["model"] == "llama-3.1-8b") & (e2e["metric"] == "tpot")]["rel_error"]
     out["e2e_8b_tpot"], out["e2e_8b_runs"] = float(fp8_8b.median()), len(fp8_8b)
     return out
+
+
+def error_table(errors: pd.DataFrame) -> pd.DataFrame:
+    """:func:`validation_frames`' error table as the page shows it: five narrow columns, errors in %.
+
+    Used in chapter 10. One row per measured set: ``measured set``, ``cases``, ``median, starting (%)``,
+    ``median, calibrated (%)``, ``worst, calibrated (%)``; diagnostic sets (kernels vLLM does not run, priced
+    with the BF16 defaults) are marked with "(diagnostic)" after their name.
+    """
+    name = errors["set"] + np.where(errors["diagnostic"], " (diagnostic)", "")
+    return pd.DataFrame({"measured set": name, "cases": errors["cases"],
+                         "median, starting (%)": errors["median_rel_err_before"] * 100,
+                         "median, calibrated (%)": errors["median_rel_err_after"] * 100,
+                         "worst, calibrated (%)": errors["worst_rel_err_after"] * 100})
+
+
+def runs_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """:func:`vllm_v060_runs`' runs as the page shows them: the lengths, the rate and the three figures the
+    post publishes, with units in the headers. Used in chapter 10; an infinite rate reads "all at once"."""
+    rate = runs["rate_req_s"].map(lambda r: "all at once" if np.isinf(r) else f"{r:g}")
+    return pd.DataFrame({"lengths": runs["lengths"], "rate (req/s)": rate,
+                         "throughput (req/s)": runs["request_throughput"],
+                         "mean ttft (ms)": runs["mean_ttft_ms"], "mean tpot (ms)": runs["mean_tpot_ms"],
+                         "preemptions": runs["preemptions"]})

@@ -108,3 +108,13 @@ def test_tradeoff_chart_spec():
     assert [p["itl_max_ms"] for p in points] == pytest.approx([30.0, 41.0, 65.0])
     rule = next(layer for layer in spec["layer"] if layer["mark"] == "rule" or layer["mark"].get("type") == "rule")
     assert spec["datasets"][rule["data"]["name"]][0]["itl_max_ms"] == pytest.approx(22.4)  # the median cadence
+
+
+def test_styled_verdicts_one_row_per_claim_coloured_by_verdict():
+    table = pd.DataFrame({"claim": ["a", "b"], "scope": ["Llama-3-8B BF16, one H100 SXM", "any model"],
+                          "verdict": ["holds", "does not hold"], "numbers": ["1", "2"]})
+    html = chapter.styled_verdicts(table).to_html()
+    assert html.count(chapter.VERDICT_COLOURS["holds"]) == 1 and chapter.VERDICT_COLOURS["does not hold"] in html
+    data = chapter.styled_verdicts(table).data
+    assert data.columns.tolist() == ["claim", "the article says", "about", "verdict", "computed here"]
+    assert data["claim"].tolist() == [1, 2]

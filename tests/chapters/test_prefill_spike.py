@@ -145,3 +145,16 @@ def test_spike_label_marks_the_largest_gap(frames):
     assert ops[-2]["joinaggregate"] == [{"op": "max", "field": "itl_ms", "as": "top"}]
     assert ops[-1]["filter"] == "datum.itl_ms == datum.top"
     assert len(spec["vconcat"][0]["layer"]) == 2  # no reference rule unless asked
+
+
+def test_spike_chart_axes_fit_every_selection(frames):
+    # Issue: with the 70B model selected the y titles were pushed past the left edge. Both axes now reserve the
+    # widest label of any selection, and the chart pads its left side.
+    itl, behind, _, _ = frames
+    spec = chapter.spike_chart(itl, behind, 400, "the article's 400 ms").to_dict()
+    widest = max(itl["itl_ms"].max(), behind["ttft_ms"].max(), 400)
+    timeline, ttft = spec["vconcat"]
+    extents = {timeline["layer"][0]["encoding"]["y"]["axis"]["minExtent"], ttft["encoding"]["y"]["axis"]["minExtent"]}
+    assert len(extents) == 1 and extents.pop() >= 7 * len(f"{widest:,.0f}") + 10
+    assert spec["padding"]["left"] >= 10
+    assert chapter.label_extent([3.0, 12_345.6]) == 7 * len("12,346") + 10

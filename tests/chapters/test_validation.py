@@ -201,3 +201,22 @@ def test_e2e_headline_and_parity_frame_read_the_replay():
     assert len(lines) == 3 * 3 * 2  # y = x and the two band lines, two points each, per metric panel
     upper = lines[lines["line"] == "±15% 1.15"]
     np.testing.assert_allclose(upper["predicted_ms"], 1.15 * upper["measured_ms"], rtol=1e-3)  # 4 digits kept
+
+
+def test_error_table_is_narrow_with_units(frames):
+    _, errors = frames
+    table = chapter.error_table(errors)
+    assert table.columns.tolist() == ["measured set", "cases", "median, starting (%)", "median, calibrated (%)",
+                                      "worst, calibrated (%)"]
+    np.testing.assert_allclose(table["median, calibrated (%)"], errors["median_rel_err_after"] * 100)
+    marked = table["measured set"].str.endswith(" (diagnostic)")
+    assert (marked == errors["diagnostic"]).all() and marked.any()
+
+
+def test_runs_table_reads_an_infinite_rate_as_all_at_once():
+    runs = pd.DataFrame({"lengths": ["blog", "blog"], "rate_req_s": [np.inf, 2.0], "request_throughput": [20.0, 2.0],
+                         "mean_ttft_ms": [900.0, 30.0], "mean_tpot_ms": [40.0, 8.0], "preemptions": [0, 0]})
+    table = chapter.runs_table(runs)
+    assert table["rate (req/s)"].tolist() == ["all at once", "2"]
+    assert table.columns.tolist() == ["lengths", "rate (req/s)", "throughput (req/s)", "mean ttft (ms)",
+                                      "mean tpot (ms)", "preemptions"]
