@@ -238,10 +238,11 @@ def queue_delay_chart(runs: pd.DataFrame, facet: str = "load"):
     picked = dyn.transform_filter(at_delay).transform_calculate(label="format(datum.latency_s, '.3~s') + ' s'")
     layers = [dyn.mark_line(point=True).encode(x=x, y=y, color=color),
               ref.mark_rule(strokeDash=[5, 3]).encode(y=y, color=color),
-              # continuous and chunked often coincide: one label under its line on the left, the others above
+              # continuous and chunked often coincide: one label under its line on the left, the others past the
+              # right end of the plot, where the dynamic curve cannot run through them
               ref.transform_filter("datum.policy == 'continuous'").mark_text(align="left", baseline="top", dy=3)
               .encode(x=alt.datum(0.0), y=y, color=color, text="policy:N"),
-              ref.transform_filter("datum.policy != 'continuous'").mark_text(align="right", baseline="bottom", dy=-2)
+              ref.transform_filter("datum.policy != 'continuous'").mark_text(align="left", baseline="middle", dx=4)
               .encode(x=alt.datum(xmax), y=y, color=color, text="policy:N"),
               picked.mark_point(size=180, color="black", filled=False).encode(x=x, y=y),
               picked.transform_filter(f"datum.max_queue_delay_ms <= {xmax / 2}").mark_text(
@@ -249,7 +250,7 @@ def queue_delay_chart(runs: pd.DataFrame, facet: str = "load"):
               # higher up than the left-hand label: the reference lines' names sit just above them on the right
               picked.transform_filter(f"datum.max_queue_delay_ms > {xmax / 2}").mark_text(
                   align="right", dx=-6, dy=-20, fontWeight="bold").encode(x=x, y=y, text="label:N")]
-    panels = alt.layer(*layers, data=long).properties(width=235, height=260)
+    panels = alt.layer(*layers, data=long).properties(width=210, height=260)
     order = runs.groupby(facet)["rate_req_s"].min().sort_values().index.tolist()
     return panels.facet(column=alt.Column(f"{facet}:N", title=None, sort=order)).resolve_scale(
         y="independent").add_params(delay, metric)
