@@ -158,3 +158,13 @@ def styled_verdicts(table: pd.DataFrame):
             .set_table_styles([{"selector": "th",
                                 "props": "text-align: left; padding: 0.35em 0.6em; border-bottom: 2px solid #888"},
                                {"selector": "td", "props": "border-bottom: 1px solid #ddd"}]))
+
+
+def defaults_view(defaults: pd.DataFrame) -> pd.DataFrame:
+    """:func:`max_num_seqs_table` with the headers a reader reads (units in brackets), memory and size rounded
+    to one decimal. Used in chapter 11."""
+    names = {"gpu": "GPU", "hbm_gib": "memory (GiB)", "model": "model", "params_b": "parameters (billions)",
+             "max_num_seqs": "max_num_seqs", "max_num_batched_tokens": "budget, vllm serve (tokens)",
+             "offline_tokens": "budget, offline (tokens)", "article_rule": "the article's rule",
+             "agrees": "agrees"}
+    return defaults[list(names)].rename(columns=names).round({"memory (GiB)": 1, "parameters (billions)": 1})

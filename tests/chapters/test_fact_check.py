@@ -118,3 +118,12 @@ def test_styled_verdicts_one_row_per_claim_coloured_by_verdict():
     data = chapter.styled_verdicts(table).data
     assert data.columns.tolist() == ["claim", "the article says", "about", "verdict", "computed here"]
     assert data["claim"].tolist() == [1, 2]
+
+
+def test_defaults_view_keeps_every_value_under_a_readable_header():
+    gpus = [bl.get_hardware(n) for n in bl.hardware_names()]
+    table = chapter.max_num_seqs_table(gpus, [bl.get_model("llama-3-8b")])
+    view = chapter.defaults_view(table)
+    assert len(view.columns) == len(table.columns) and "memory (GiB)" in view.columns
+    assert view["max_num_seqs"].tolist() == table["max_num_seqs"].tolist()
+    np.testing.assert_allclose(view["memory (GiB)"], table["hbm_gib"].round(1))
