@@ -71,17 +71,24 @@ def chunk_budget_sweep(cost, max_num_batched_tokens, *, unchunked_max_num_batche
     return pd.DataFrame(points), pd.concat(lines, ignore_index=True)
 
 
+def _budget_label(config: str, tokens: int) -> str:
+    """A run's budget as the reader reads it: "2,048", or "16,384, chunking off"."""
+    return f"{tokens:,}" + (", chunking off" if config == "unchunked" else "")
+
+
 def budget_table(points: pd.DataFrame):
     """:func:`chunk_budget_sweep`'s points for the page: per budget the slices, the worst gap and the TTFT (ms).
 
     Used in chapter 06.
     """
-    df = points.assign(setting=points["config"].map({"chunked": "chunking on", "unchunked": "chunking off"}),
+    df = points.assign(budget=[_budget_label(c, int(t)) for c, t in zip(points["config"],
+                                                                      points["max_num_batched_tokens"])],
                        itl_max_ms=points["itl_max_s"] * 1e3, ttft_ms=points["ttft_s"] * 1e3)
     return display_table(df, {
-        "setting": ("setting", "{}"), "max_num_batched_tokens": ("max_num_batched_tokens (tokens)", "{:,d}"),
-        "largest_chunk_tokens": ("largest slice (tokens)", "{:,d}"), "chunks": ("slices", "{:d}"),
-        "itl_max_ms": ("decoders' worst gap (ms)", "{:,.1f}"), "ttft_ms": ("newcomer's TTFT (ms)", "{:,.0f}")})
+        "budget": ("max_num_batched_tokens (tokens)", "{}"), "largest_chunk_tokens": ("largest slice (tokens)",
+                                                                                      "{:,d}"),
+        "chunks": ("slices", "{:d}"), "itl_max_ms": ("decoders' worst gap (ms)", "{:,.1f}"),
+        "ttft_ms": ("newcomer's TTFT (ms)", "{:,.0f}")})
 
 
 def async_change(points: pd.DataFrame, late: pd.DataFrame) -> pd.DataFrame:
@@ -100,11 +107,11 @@ def async_change(points: pd.DataFrame, late: pd.DataFrame) -> pd.DataFrame:
 
 def async_change_table(change: pd.DataFrame):
     """:func:`async_change` for the page, in ms with a sign. Used in chapter 06."""
-    df = change.reset_index().assign(
-        setting=lambda d: d["config"].map({"chunked": "chunking on", "unchunked": "chunking off"}),
-        itl_ms=change["itl_max_s"].to_numpy() * 1e3, ttft_ms=change["ttft_s"].to_numpy() * 1e3)
+    configs, tokens = change.index.get_level_values(0), change.index.get_level_values(1)
+    df = pd.DataFrame({"budget": [_budget_label(c, int(t)) for c, t in zip(configs, tokens)],
+                       "itl_ms": change["itl_max_s"].to_numpy() * 1e3, "ttft_ms": change["ttft_s"].to_numpy() * 1e3})
     return display_table(df, {
-        "setting": ("setting", "{}"), "max_num_batched_tokens": ("max_num_batched_tokens (tokens)", "{:,d}"),
+        "budget": ("max_num_batched_tokens (tokens)", "{}"),
         "itl_ms": ("change of the decoders' worst gap (ms)", "{:+.2f}"),
         "ttft_ms": ("change of the newcomer's TTFT (ms)", "{:+.1f}")})
 

@@ -156,13 +156,13 @@ def test_chunking_chart_data_in_seconds_shown_in_ms(frames):
 def test_page_tables_and_async_change(sweep):
     points, _ = sweep
     table = chapter.budget_table(points)
-    assert list(table.data.columns) == ["setting", "max_num_batched_tokens (tokens)", "largest slice (tokens)",
-                                        "slices", "decoders' worst gap (ms)", "newcomer's TTFT (ms)"]
-    assert table.data["setting"].iloc[-1] == "chunking off"
+    assert list(table.data.columns) == ["max_num_batched_tokens (tokens)", "largest slice (tokens)", "slices",
+                                        "decoders' worst gap (ms)", "newcomer's TTFT (ms)"]
+    assert table.data.iloc[-1, 0] == "8,192, chunking off" and table.data.iloc[0, 0] == f"{BUDGETS[0]:,}"
     assert np.allclose(table.data["newcomer's TTFT (ms)"], points["ttft_s"] * 1e3)
     later = points.assign(ttft_s=points["ttft_s"] + 0.002, itl_max_s=points["itl_max_s"] - 0.001)
     change = chapter.async_change(points, later)
     assert list(change.index.names) == ["config", "max_num_batched_tokens"]
     assert np.allclose(change["ttft_s"], 0.002) and np.allclose(change["itl_max_s"], -0.001)
     html = chapter.async_change_table(change).to_html()
-    assert "+2.0" in html and "-1.00" in html
+    assert "+2.0" in html and "-1.00" in html and "8,192, chunking off" in html
