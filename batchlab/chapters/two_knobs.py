@@ -5,7 +5,10 @@ server's capacity (:func:`saturation_rate`), except the pairs vLLM refuses to st
 rows without numbers; the frontier and the readings of the sweep live in :mod:`batchlab.sweep`
 (:func:`~batchlab.sweep.with_frontier`, :func:`~batchlab.sweep.seqs_plateau`,
 :func:`~batchlab.sweep.default_vs_best`). :func:`two_knobs_chart` draws every operating point with buttons
-over both knobs, and the grid of pairs with the refused ones crossed out.
+over both knobs, the p99 TTFT axis clamped to the band that matters (:func:`carrying_domain`; slower runs sit on
+its edge), the trail of configurations the buttons have picked, and the grid of pairs with the refused ones
+crossed out. :func:`ttft_grid_table`, :func:`runs_table` and :func:`vllm_defaults_style` format the tables
+(:func:`format_ms`: milliseconds below a second, seconds above).
 """
 from __future__ import annotations
 
