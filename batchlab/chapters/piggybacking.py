@@ -2,7 +2,9 @@
 
 :func:`step_utilisation` reads each iteration's share of peak compute and bandwidth, :func:`budget_split`
 how ``max_num_batched_tokens`` is shared between prompt chunks and decodes over a run, and
-:func:`mixing_comparison` the throughput and ITL of three ways to combine prompts with decodes.
+:func:`mixing_comparison` the throughput and ITL of three ways to combine prompts with decodes, and
+:func:`stall_comparison` (with :func:`prefill_stalls`) why the p99 ITL of prefill-only iterations peaks near
+capacity. :func:`kind_table` and :func:`stall_table` format the tables.
 :func:`seats_for` and :func:`within_context` set runs up as vLLM requires: seats no more than the token budget,
 prompts shorter than the model's context.
 """
