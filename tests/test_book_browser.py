@@ -7,7 +7,8 @@ control is labelled with an exponent. On every page of the TOC it also checks th
 
 * every formula is rendered: each of Sphinx's math elements holds MathJax output, MathJax reports no TeX error,
   and no raw ``$$``, ``$...$`` or TeX command (``\\frac``, ``\\cdot``...) is left in the visible text outside code;
-* no chart (its svg or canvas, or its controls) is wider than the text column, in a 1280 px and a 400 px window;
+* no chart (its svg or canvas, or its controls) is wider than the text column, and the page never scrolls
+  sideways (wide tables scroll inside the column), in a 1280 px and a 400 px window;
 * no visible code cell only imports modules or calls ``glue(...)``: that plumbing belongs in a hidden cell
   (``remove-input``, or a collapsed ``hide-input``).
 
@@ -280,6 +281,8 @@ def test_charts_fit_the_text_column(visit_at):
     v.page.screenshot(path=str(SCREENSHOTS / f"{Path(page).name}-{width}.png"), full_page=True)
     wide = v.page.evaluate(_OVERFLOW_JS)
     assert not wide, f"{page} at {width} px: charts wider than the text column: {wide}"
+    sideways = v.page.evaluate("() => document.documentElement.scrollWidth - document.documentElement.clientWidth")
+    assert sideways <= 0, f"{page} at {width} px: the page scrolls sideways by {sideways} px (a wide table or word)"
     assert not v.errors, f"{page} at {width} px: console errors {v.errors}"
 
 

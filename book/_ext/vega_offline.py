@@ -25,7 +25,8 @@ BUNDLE = "batchlab-vega.js"
 STYLE = "batchlab-charts.css"
 # A chart scales down to the text column, svg and legend together at their aspect ratio (vega's svg has a viewBox),
 # instead of spilling over or scrolling: on a phone the whole chart stays in view. Slider labels in the chart's
-# type size. A display formula wider than a phone's column scrolls sideways inside the column.
+# type size. A display formula or a table wider than a phone's column scrolls sideways inside the column, and a
+# knob's name in a heading wraps, so the page itself never scrolls sideways.
 # vegaEmbed makes the chart's own div the .vega-embed container (an inline-block otherwise).
 CHART_CSS = """.batchlab-chart, .batchlab-chart.vega-embed { display: block; max-width: 100%; margin: 0.5rem 0 1rem; }
 .batchlab-chart svg.marks, .batchlab-chart canvas.marks { display: block; max-width: 100%; height: auto; }
@@ -33,6 +34,8 @@ CHART_CSS = """.batchlab-chart, .batchlab-chart.vega-embed { display: block; max
 .batchlab-chart .vega-bind-name { margin-right: 0.5rem; }
 .batchlab-chart .vega-bindings input[type=range] { vertical-align: middle; width: 14rem; max-width: 60%; }
 div.math { max-width: 100%; overflow-x: auto; overflow-y: hidden; }
+.cell_output table, div.output table { display: block; max-width: 100%; overflow-x: auto; }
+:is(h1, h2, h3) code, :is(h1, h2, h3) code span.pre { overflow-wrap: anywhere; white-space: normal; }
 """
 logger = logging.getLogger(__name__)
 
