@@ -248,6 +248,29 @@ def grid_labels(frame: pd.DataFrame, grid: str, shown: str, fmt: str = "{:,}") -
     return [fmt.format(int(v) if isinstance(v, float) and v.is_integer() else v) for v in values]
 
 
+# -- tables ---------------------------------------------------------------------------------------------------
+def display_table(frame: pd.DataFrame, columns: dict, na_rep: str | None = "–"):
+    """``frame``'s ``columns`` renamed and formatted for the page, the index hidden.
+
+    Used by the tables of chapters 01 to 04, 06, 07 and 08.
+
+    Parameters
+    ----------
+    frame : DataFrame
+    columns : dict
+        Column of ``frame`` -> (header the reader sees, with its unit; format string or callable), in display order.
+    na_rep : str or None
+        Shown for missing values (None: each column's format decides).
+
+    Returns
+    -------
+    pandas.io.formats.style.Styler
+    """
+    shown = frame[list(columns)].rename(columns={c: header for c, (header, _) in columns.items()})
+    formats = dict(columns.values())
+    return shown.style.format(formats, na_rep=na_rep).hide(axis="index")
+
+
 # -- tidy frames from a SimResult ---------------------------------------------------------------------------
 def gantt_frame(res, label: str | None = None) -> pd.DataFrame:
     """One row per request and phase: ``request``, ``phase``, ``start_s``, ``end_s``, ``policy``.

@@ -364,14 +364,20 @@ def _pick_other_option(select):
     select.select_option(next(o for o in options if o != select.input_value()))
 
 
+def _each_control_redraws(visit, selector: str, expected: dict, change, shot: str, noun: str):
+    """Every control of the page's charts matching ``selector`` (at least ``expected[page]`` of them) redraws
+    its chart when ``change`` is applied; screenshots ``<page>-<shot><i>.png``."""
+    page, v = visit
+    controls = v.page.locator(f"{CHART} .vega-bindings {selector}")
+    assert controls.count() >= expected[page], f"{page}: expected {expected[page]} {noun}"
+    for i in range(controls.count()):
+        _redraws(v, page, controls.nth(i), change, f"{shot}{i + 1}")
+    assert not v.errors, f"{page}: console errors {v.errors}"
+
+
 @pytest.mark.parametrize("visit", sorted(SLIDER_PAGES), indirect=True)
 def test_every_bound_slider_redraws_its_chart(visit):
-    page, v = visit
-    sliders = v.page.locator(f"{CHART} .vega-bindings input[type=range]")
-    assert sliders.count() >= SLIDER_PAGES[page], f"{page}: expected {SLIDER_PAGES[page]} sliders"
-    for i in range(sliders.count()):
-        _redraws(v, page, sliders.nth(i), _move_slider, f"slider{i + 1}")
-    assert not v.errors, f"{page}: console errors {v.errors}"
+    _each_control_redraws(visit, "input[type=range]", SLIDER_PAGES, _move_slider, "slider", "sliders")
 
 
 def _pick_other_button(group):
@@ -380,12 +386,7 @@ def _pick_other_button(group):
 
 @pytest.mark.parametrize("visit", sorted(RADIO_PAGES), indirect=True)
 def test_every_bound_radio_group_redraws_its_chart(visit):
-    page, v = visit
-    groups = v.page.locator(f"{CHART} .vega-bindings .vega-bind-radio")
-    assert groups.count() >= RADIO_PAGES[page], f"{page}: expected {RADIO_PAGES[page]} radio groups"
-    for i in range(groups.count()):
-        _redraws(v, page, groups.nth(i), _pick_other_button, f"radio{i + 1}")
-    assert not v.errors, f"{page}: console errors {v.errors}"
+    _each_control_redraws(visit, ".vega-bind-radio", RADIO_PAGES, _pick_other_button, "radio", "radio groups")
 
 
 # Page -> how many select boxes bound to its charts; choosing another option in each must redraw its chart.
@@ -397,12 +398,7 @@ SELECT_PAGES = {
 
 @pytest.mark.parametrize("visit", sorted(SELECT_PAGES), indirect=True)
 def test_every_bound_select_redraws_its_chart(visit):
-    page, v = visit
-    selects = v.page.locator(f"{CHART} .vega-bindings select")
-    assert selects.count() >= SELECT_PAGES[page], f"{page}: expected {SELECT_PAGES[page]} select boxes"
-    for i in range(selects.count()):
-        _redraws(v, page, selects.nth(i), _pick_other_option, f"select{i + 1}")
-    assert not v.errors, f"{page}: console errors {v.errors}"
+    _each_control_redraws(visit, "select", SELECT_PAGES, _pick_other_option, "select", "select boxes")
 
 
 _EXTERNAL_ASSET = re.compile(

@@ -263,3 +263,12 @@ def test_log_axis_labels_one_two_five_per_decade():
             "transform": [{"calculate": viz.LOG125_LABEL.replace("datum.value", "datum.v"), "as": "label"}]}
     texts = re.findall(r">([^<>]+)</text>", vl_convert.vegalite_to_svg(spec))
     assert sorted(texts) == sorted(["2e-4", "0.002", "0.05", "1", "20", "500"])  # 3e-4, 0.07 and 3 get no label
+
+
+def test_display_table_renames_formats_and_hides_the_index():
+    frame = pd.DataFrame({"a_s": [0.12345, np.nan], "share": [0.5, 0.25], "unused": [1, 2]})
+    styler = viz.display_table(frame, {"share": ("share", "{:.0%}"), "a_s": ("a (s)", "{:.2f}")})
+    assert list(styler.data.columns) == ["share", "a (s)"]  # display order, the unused column dropped
+    html = styler.to_html()
+    assert "50%" in html and "0.12" in html and "0.12345" not in html and "–" in html
+    assert "unused" not in html and ">0<" not in html  # no index column

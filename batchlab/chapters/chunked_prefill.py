@@ -16,7 +16,6 @@ import pandas as pd
 
 from .. import viz
 from . import scenes
-from .static_batching import display_table
 
 
 def chunk_budget_sweep(cost, max_num_batched_tokens, *, unchunked_max_num_batched_tokens: int = 16384,
@@ -84,7 +83,7 @@ def budget_table(points: pd.DataFrame):
     df = points.assign(budget=[_budget_label(c, int(t)) for c, t in zip(points["config"],
                                                                       points["max_num_batched_tokens"])],
                        itl_max_ms=points["itl_max_s"] * 1e3, ttft_ms=points["ttft_s"] * 1e3)
-    return display_table(df, {
+    return viz.display_table(df, {
         "budget": ("max_num_batched_tokens (tokens)", "{}"), "largest_chunk_tokens": ("largest slice (tokens)",
                                                                                       "{:,d}"),
         "chunks": ("slices", "{:d}"), "itl_max_ms": ("decoders' worst gap (ms)", "{:,.1f}"),
@@ -110,7 +109,7 @@ def async_change_table(change: pd.DataFrame):
     configs, tokens = change.index.get_level_values(0), change.index.get_level_values(1)
     df = pd.DataFrame({"budget": [_budget_label(c, int(t)) for c, t in zip(configs, tokens)],
                        "itl_ms": change["itl_max_s"].to_numpy() * 1e3, "ttft_ms": change["ttft_s"].to_numpy() * 1e3})
-    return display_table(df, {
+    return viz.display_table(df, {
         "budget": ("max_num_batched_tokens (tokens)", "{}"),
         "itl_ms": ("change of the decoders' worst gap (ms)", "{:+.2f}"),
         "ttft_ms": ("change of the newcomer's TTFT (ms)", "{:+.1f}")})

@@ -14,7 +14,6 @@ from .. import viz
 from ..metrics import tokens_per_step
 from ..sim import simulate
 from ..workload import preset
-from .static_batching import display_table
 
 
 def timeline_runs(cost, requests, *, slots: int = 4, max_queue_delay_s: float = 0.05) -> dict:
@@ -115,7 +114,7 @@ def stream_table(requests):
     requests : Requests
     """
     df = requests.to_frame().rename_axis("request").reset_index()
-    return display_table(df, {"request": ("request", "{:d}"), "arrival_s": ("sent at (s)", "{:.2f}"),
+    return viz.display_table(df, {"request": ("request", "{:d}"), "arrival_s": ("sent at (s)", "{:.2f}"),
                               "prompt_tokens": ("prompt (tokens)", "{:,d}"),
                               "output_tokens": ("output (tokens)", "{:,d}")})
 
@@ -126,7 +125,7 @@ def seed_check_table(check: pd.DataFrame):
     """
     stats = check.agg(["mean", "min", "median", "max"]).set_axis(
         ["mean", "fastest stream", "median", "slowest stream"]).rename_axis("last request ends (s)").reset_index()
-    return display_table(stats, {"last request ends (s)": ("last request ends (s)", "{}")}
+    return viz.display_table(stats, {"last request ends (s)": ("last request ends (s)", "{}")}
                          | {p: (p, "{:.2f}") for p in check.columns})
 
 

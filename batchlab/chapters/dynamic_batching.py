@@ -20,7 +20,6 @@ from .._kernels.cost import serve_time
 from ..metrics import full_batch_fraction, idle_while_waiting_fraction
 from ..sim import simulate, vllm_defaults
 from ..workload import preset
-from .static_batching import display_table
 
 LATENCY_COLUMNS = ("mean_e2el_ms", "p99_e2el_ms", "mean_ttft_ms", "p99_ttft_ms")
 POLICY_COLORS = {"static": "#D55E00", "dynamic": "#0072B2", "continuous": "#009E73", "chunked": "#CC79A7"}
@@ -133,7 +132,7 @@ def capacity_table(capacity: pd.DataFrame):
 
     Used in chapter 02.
     """
-    return display_table(capacity, {
+    return viz.display_table(capacity, {
         "policy": ("policy", "{}"), "request_throughput": ("saturation throughput (req/s)", "{:.2f}"),
         "output_throughput": ("output throughput (tok/s)", "{:,.0f}"),
         "padding_fraction": ("padded token slots", "{:.0%}")})
@@ -152,7 +151,7 @@ def latency_table(runs: pd.DataFrame):
     df = runs.assign(**{c: runs[c] / 1e3 for c in LATENCY_COLUMNS})
     columns = {"load": ("offered load", "{}"), "policy": ("policy", "{}")}
     columns |= {c: (LATENCY_HEADERS[c], _seconds) for c in LATENCY_COLUMNS}
-    return display_table(df, columns | {"request_throughput": ("throughput (req/s)", "{:.2f}")})
+    return viz.display_table(df, columns | {"request_throughput": ("throughput (req/s)", "{:.2f}")})
 
 
 def usage_table(runs: pd.DataFrame):
@@ -162,7 +161,7 @@ def usage_table(runs: pd.DataFrame):
     Used in chapter 02.
     """
     columns = {"load": ("offered load", "{}"), "policy": ("policy", "{}")}
-    return display_table(runs, columns | {c: (h, "{:.1%}") for c, h in USAGE_HEADERS.items()})
+    return viz.display_table(runs, columns | {c: (h, "{:.1%}") for c, h in USAGE_HEADERS.items()})
 
 
 def _policy_color(policies):

@@ -277,14 +277,11 @@ def stall_comparison(cost, workload: str, n_requests: int, rates_req_s, *, seed=
 
 def stall_table(stalls: pd.DataFrame):
     """:func:`stall_comparison` with headers in words and units (a ``Styler``). Used in chapter 07."""
-    cols = {"n_requests": "requests", "rate_req_s": "offered (req/s)", "request_throughput": "served (req/s)",
-            "kv_used": "KV cache in use (median)", "chained": "stalls of 2+ iterations",
-            "p99_stall_ms": "p99 stall (ms)", "p99_itl_ms": "p99 ITL (ms)", "p99_ttft_ms": "p99 TTFT (s)"}
-    out = stalls[list(cols)].assign(p99_ttft_ms=stalls["p99_ttft_ms"] / 1e3).rename(columns=cols)
-    fmt = {"requests": "{:,}", "offered (req/s)": "{:.0f}", "served (req/s)": "{:.1f}",
-           "KV cache in use (median)": "{:.0%}", "stalls of 2+ iterations": "{:.0%}", "p99 stall (ms)": "{:,.0f}",
-           "p99 ITL (ms)": "{:,.0f}", "p99 TTFT (s)": "{:,.1f}"}
-    return out.style.format(fmt).hide(axis="index")
+    return viz.display_table(stalls.assign(p99_ttft_ms=stalls["p99_ttft_ms"] / 1e3), {
+        "n_requests": ("requests", "{:,}"), "rate_req_s": ("offered (req/s)", "{:.0f}"),
+        "request_throughput": ("served (req/s)", "{:.1f}"), "kv_used": ("KV cache in use (median)", "{:.0%}"),
+        "chained": ("stalls of 2+ iterations", "{:.0%}"), "p99_stall_ms": ("p99 stall (ms)", "{:,.0f}"),
+        "p99_itl_ms": ("p99 ITL (ms)", "{:,.0f}"), "p99_ttft_ms": ("p99 TTFT (s)", "{:,.1f}")}, na_rep=None)
 
 
 def _kind_color():

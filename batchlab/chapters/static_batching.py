@@ -17,28 +17,6 @@ from ..sim import simulate
 from ..workload import synthetic
 
 
-def display_table(frame: pd.DataFrame, columns: dict, na_rep: str = "–"):
-    """``frame``'s ``columns`` renamed and formatted for the page, the index hidden.
-
-    Used by the tables of chapters 01, 02, 03, 04 and 06.
-
-    Parameters
-    ----------
-    frame : DataFrame
-    columns : dict
-        Column of ``frame`` -> (header the reader sees, with its unit; format string or callable), in display order.
-    na_rep : str
-        Shown for missing values.
-
-    Returns
-    -------
-    pandas.io.formats.style.Styler
-    """
-    shown = frame[list(columns)].rename(columns={c: header for c, (header, _) in columns.items()})
-    formats = dict(columns.values())
-    return shown.style.format(formats, na_rep=na_rep).hide(axis="index")
-
-
 def first_batch_table(requests: pd.DataFrame, batch_size: int, n: int = 8):
     """The first ``n`` requests of the first static batch: own output, padded tail, last token and release.
 
@@ -54,7 +32,7 @@ def first_batch_table(requests: pd.DataFrame, batch_size: int, n: int = 8):
         Rows shown.
     """
     first = requests.iloc[:min(n, batch_size)].rename_axis("request").reset_index()
-    return display_table(first, {
+    return viz.display_table(first, {
         "request": ("request", "{:d}"), "output_tokens": ("its output (tokens)", "{:,d}"),
         "padded_tokens": ("padded steps after it ends (tokens)", "{:,d}"),
         "finish_s": ("its last token (s)", "{:.2f}"), "release_s": ("slot released (s)", "{:.2f}")})
@@ -62,7 +40,7 @@ def first_batch_table(requests: pd.DataFrame, batch_size: int, n: int = 8):
 
 def sweep_table(summary: pd.DataFrame):
     """:func:`static_padding_sweep`'s summary for the page: one row per output-length CV. Used in chapter 01."""
-    return display_table(summary, {
+    return viz.display_table(summary, {
         "output_cv": ("output-length CV", "{:.2f}"), "padding_fraction": ("padded token slots", "{:.0%}"),
         "half_empty_fraction": ("batch time half empty", "{:.0%}"),
         "max_output_tokens": ("longest output (tokens)", "{:,d}"), "duration_s": ("run time (s)", "{:,.0f}"),

@@ -13,7 +13,6 @@ import pandas as pd
 
 from .. import viz
 from ..hardware import get_hardware
-from .static_batching import display_table
 
 COST_COLORS = {"roofline": viz.PALETTE[0], "calibrated": viz.PALETTE[1]}
 GPU_NAMES = {"h100-sxm": "H100 SXM", "h200": "H200"}  # hardware preset -> the name a reader knows
@@ -110,7 +109,7 @@ def knee_display(table: pd.DataFrame):
 
     knees = {c: (f"knee on {gpu_name(c.removeprefix('knee_'))} (sequences)", sequences)
              for c in table.columns if c.startswith("knee_")}
-    return display_table(table, {"model": ("model", "{}"), "context": ("context (tokens)", "{:,d}"),
+    return viz.display_table(table, {"model": ("model", "{}"), "context": ("context (tokens)", "{:,d}"),
                                  "b_kv": ("KV limit (sequences)", sequences)} | knees)
 
 

@@ -194,16 +194,10 @@ def runs_table(df: pd.DataFrame, columns: dict):
     with one decimal, throughputs and knobs with thousands separators. Used in chapter 08. Returns a ``Styler``
     without the index.
     """
-    out = df[list(columns)].rename(columns=columns)
-    fmt = {}
-    for col, header in columns.items():
-        if col.endswith("_ms"):
-            fmt[header] = format_ms
-        elif "rate_req_s" in col:
-            fmt[header] = "{:.1f}"
-        else:
-            fmt[header] = "{:,.0f}"
-    return out.style.format(fmt).hide(axis="index")
+    def fmt(col):
+        return format_ms if col.endswith("_ms") else "{:.1f}" if "rate_req_s" in col else "{:,.0f}"
+
+    return viz.display_table(df, {col: (header, fmt(col)) for col, header in columns.items()}, na_rep=None)
 
 
 def vllm_defaults_style(table: pd.DataFrame):

@@ -59,15 +59,6 @@ def test_padding_chart_without_batch_panel(sweep):
     assert "layer" in spec and spec["params"][0]["name"] == "cv"
 
 
-def test_display_table_renames_formats_and_hides_the_index():
-    frame = pd.DataFrame({"a_s": [0.12345, np.nan], "share": [0.5, 0.25], "unused": [1, 2]})
-    styler = chapter.display_table(frame, {"share": ("share", "{:.0%}"), "a_s": ("a (s)", "{:.2f}")})
-    assert list(styler.data.columns) == ["share", "a (s)"]  # display order, the unused column dropped
-    html = styler.to_html()
-    assert "50%" in html and "0.12" in html and "0.12345" not in html and "–" in html
-    assert "unused" not in html and ">0<" not in html  # no index column
-
-
 def test_page_tables_have_units_in_headers(sweep, cost8b):
     summary, _ = sweep
     table = chapter.sweep_table(summary)
