@@ -19,6 +19,14 @@ from .workload import Requests
 POLICY_CODE = {name: i for i, name in enumerate(POLICIES)}
 
 
+# vLLM 0.33 EngineArgs.get_batch_defaults: the GPU's memory (GiB) and name pick the defaults, never the model.
+VLLM_HUGE_GPU_GIB = 160  # and above: the large seat count, the offline token budget for vllm serve too
+VLLM_LARGE_GPU_GIB = 70  # and above, the A100 excepted: the large seat count
+VLLM_SEQS = {"large": 1024, "small": 256}  # max_num_seqs
+VLLM_TOKENS = {("huge", "serve"): 16384, ("huge", "offline"): 16384, ("large", "serve"): 8192,
+               ("large", "offline"): 16384, ("small", "serve"): 2048, ("small", "offline"): 8192}
+
+
 def vllm_defaults(hardware, usage: str = "serve") -> dict[str, int]:
     """vLLM V1's default ``max_num_seqs`` and ``max_num_batched_tokens`` for a GPU.
 
@@ -28,12 +36,14 @@ def vllm_defaults(hardware, usage: str = "serve") -> dict[str, int]:
     """
     if usage not in ("serve", "offline"):
         raise ValueError(f"usage must be 'serve' or 'offline', got {usage!r}")
-    if hardware.hbm_bytes >= 160 * GiB:
-        return {"max_num_seqs": 1024, "max_num_batched_tokens": 16384}
-    large = hardware.hbm_bytes >= 70 * GiB and "a100" not in hardware.name
-    if large:
-        return {"max_num_seqs": 1024, "max_num_batched_tokens": 8192 if usage == "serve" else 16384}
-    return {"max_num_seqs": 256, "max_num_batched_tokens": 2048 if usage == "serve" else 8192}
+    if hardware.hbm_bytes >= VLLM_HUGE_GPU_GIB * GiB:
+        size = "huge"
+    elif hardware.hbm_bytes >= VLLM_LARGE_GPU_GIB * GiB and "a100" not in hardware.name:
+        size = "large"
+    else:
+        size = "small"
+    return {"max_num_seqs": VLLM_SEQS["small" if size == "small" else "large"],
+            "max_num_batched_tokens": VLLM_TOKENS[size, usage]}
 
 
 def seats_for(cost, max_num_batched_tokens: int) -> int:

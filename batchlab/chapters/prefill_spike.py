@@ -136,6 +136,39 @@ def spike_scenarios(scenarios: dict, orders: dict = SPIKE_ORDERS, **kw):
     return itl.drop(columns="itl_s"), behind.drop(columns=["arrival_s", "ttft_s"]), summary, spikes
 
 
+def admission_table(spike: Spike, before: int = 2, after: int = 2):
+    """The iterations around the one that computes the long prompt, as the page shows them (a ``Styler``).
+
+    Used in chapter 05. Times in ms, the start counted from the first row shown; ``before`` and ``after`` rows
+    either side of the admitting iteration (``spike.summary["admit_step"]``).
+    """
+    at = spike.summary["admit_step"]
+    rows = spike.run.steps.iloc[max(at - before, 0): at + after + 1]
+    shown = rows.assign(start_ms=(rows["start_s"] - rows["start_s"].iloc[0]) * 1e3,
+                        duration_ms=rows["duration_s"] * 1e3,
+                        note=np.where(rows.index == at, "computes the long prompt", ""))
+    count = "{:,.0f}".format
+    return viz.display_table(shown, {
+        "start_ms": ("start (ms)", "{:.1f}".format), "duration_ms": ("duration (ms)", "{:.1f}".format),
+        "prefill_tokens": ("prompt tokens", count), "decode_seqs": ("decoding sequences", count),
+        "running": ("running", count), "bound": ("bound by", str), "note": ("", str)})
+
+
+def scenario_table(summary: pd.DataFrame):
+    """:func:`spike_scenarios`' summary as the page shows it: one row per model and order, times in ms.
+
+    Used in chapter 05.
+    """
+    ms = "{:,.1f}".format
+    columns = {"cadence_s": "decode cadence (ms)", "itl_max_s": "longest gap (ms)",
+               "admit_step_s": "admitting iteration (ms)", "prefill_s": "prefill alone (ms)",
+               "ttft_s": "long prompt's TTFT (ms)", "behind_ttft_s": "short requests' TTFT (ms)",
+               "behind_ttft_baseline_s": "same, without the long prompt (ms)"}
+    shown = summary.assign(**{c: summary[c] * 1e3 for c in columns})
+    return viz.display_table(shown, {"model": ("model", str), "order": ("order", str),
+                                     **{c: (header, ms) for c, header in columns.items()}})
+
+
 def spike_chart(itl: pd.DataFrame, behind: pd.DataFrame, reference_ms: float | None = None,
                 reference_label: str = "", width: int = 520, height: int = 230):
     """The decoders' inter-token gaps around a long unchunked prompt, and the TTFT of requests behind it.

@@ -200,14 +200,22 @@ def runs_table(df: pd.DataFrame, columns: dict):
     return viz.display_table(df, {col: (header, fmt(col)) for col, header in columns.items()}, na_rep=None)
 
 
+GPU_NAMES = {"h100-sxm": "H100 SXM", "h100-pcie": "H100 PCIe", "h200": "H200", "a100-80gb": "A100 80GB"}
+
+
 def vllm_defaults_style(table: pd.DataFrame):
-    """:func:`vllm_defaults_table` with headers in words and units (a ``Styler``). Used in chapter 08."""
-    names = {"gpu": "GPU", "hbm_gib": "HBM (GiB)", "max_num_seqs": "max_num_seqs (sequences)",
-             "max_num_batched_tokens_serve": "max_num_batched_tokens, vllm serve (tokens)",
-             "max_num_batched_tokens_offline": "max_num_batched_tokens, offline LLM (tokens)"}
-    out = table.reset_index().rename(columns=names)
-    fmt = {v: "{:,.0f}" for k, v in names.items() if k != "gpu"}
-    return out.style.format(fmt).hide(axis="index")
+    """:func:`vllm_defaults_table` with the GPUs' names and headers in words and units (a ``Styler``).
+
+    Used in chapter 08. ``table`` may be indexed by ``gpu``.
+    """
+    table = table if "gpu" in table.columns else table.reset_index()
+    shown = table.assign(gpu=table["gpu"].map(lambda g: GPU_NAMES.get(g, g)))
+    count = "{:,.0f}".format
+    return viz.display_table(shown, {
+        "gpu": ("GPU", str), "hbm_gib": ("HBM (GiB)", "{:.0f}".format),
+        "max_num_seqs": ("max_num_seqs (sequences)", count),
+        "max_num_batched_tokens_serve": ("max_num_batched_tokens, vllm serve (tokens)", count),
+        "max_num_batched_tokens_offline": ("max_num_batched_tokens, offline LLM (tokens)", count)})
 
 
 def _knob_points(df, defaults, offline_tokens, x, y, y2):

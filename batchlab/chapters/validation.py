@@ -18,6 +18,60 @@ from ..sim import simulate
 from ..validate import calibration_runs
 from ..workload import Requests, preset
 
+# What each measured set is, as the page names it (the code names stay the keys of data/calibration_errors.csv).
+SET_NAMES = {
+    "vidur_gemm": "layer GEMMs (vidur)",
+    "vidur_elementwise": "norms, RoPE, SiLU, add (vidur)",
+    "gemm_kernels_fp8": "FP8 GEMMs (DeepGEMM)",
+    "gemm_kernels_fp8_bf16_eta": "FP8 GEMMs at BF16 efficiencies",
+    "decode_attn": "decode attention (FlashInfer)",
+    "prefill_attn": "prefill attention (FlashAttention-3)",
+    "llmservingsim_gemm": "GEMMs (LLMServingSim, eager)",
+    "llmservingsim_attn": "attention (LLMServingSim, eager)",
+    "llmservingsim_elementwise": "norms, RoPE, SiLU (LLMServingSim, eager)",
+    "llmservingsim_attn_vllm_eta": "eager attention at vLLM's efficiency",
+    "llmservingsim_elementwise_vllm_eta": "eager norms, RoPE, SiLU at vLLM's efficiency",
+    "llmservingsim_step": "whole forward pass (LLMServingSim)",
+    "allreduce": "all-reduce (NCCL)",
+}
+# The calibrated quantities, as the page names them, with the factor that puts each in its unit.
+EFFICIENCY_NAMES = {
+    "eta_compute": ("GEMM share of peak FLOP/s", 1.0),
+    "eta_memory": ("share of HBM bandwidth", 1.0),
+    "eta_attn": ("attention share of peak FLOP/s", 1.0),
+    "eta_elementwise": ("elementwise share of HBM bandwidth", 1.0),
+    "overhead_s": ("per-step overhead (ms)", 1e3),
+    "allreduce_latency_s": ("all-reduce latency (ms)", 1e3),
+}
+
+
+def set_name(code: str) -> str:
+    """The page's name for a measured set (its code name if it has none). Used in chapter 10."""
+    return SET_NAMES.get(code, code)
+
+
+def efficiency_table(before, after) -> pd.DataFrame:
+    """The calibrated quantities of two cost models side by side, named and in the page's units (ms for times).
+
+    Used in chapter 10: ``before`` has the starting values (:data:`batchlab.calibrate.START`), ``after`` the
+    calibrated ones. A quantity the starting model leaves out (the elementwise term) reads "none".
+    """
+    rows = {}
+    for field, (name, scale) in EFFICIENCY_NAMES.items():
+        rows[name] = [("none" if getattr(m, field) is None or np.isnan(getattr(m, field))
+                       else f"{getattr(m, field) * scale:.3g}") for m in (before, after)]
+    return pd.DataFrame.from_dict(rows, orient="index", columns=["starting", "calibrated"]).rename_axis("quantity")
+
+
+def case_counts(cases: pd.DataFrame) -> pd.DataFrame:
+    """Cases per measured set and by how the calibration used them (fitted, ridge, held out). Used in chapter 10."""
+    after = cases[cases["stage"] == "after"]
+    table = after.groupby(["set", "group"], sort=False).size().unstack(fill_value=0)
+    table = table[[g for g in ("fit", "ridge", "held out") if g in table.columns]]
+    table.index = [set_name(s) for s in table.index]
+    return table.rename_axis("measured set").rename_axis(columns=None)
+
+
 PARITY_DESCRIPTORS = ("model", "op", "geometry", "tp", "workers", "tokens", "batch", "kv_len", "m", "k", "n",
                       "size_bytes")  # the columns that name a measured case, in the order a label shows them
 STAGE_LABELS = {"before": "before calibration", "after": "after calibration"}
@@ -295,7 +349,8 @@ def parity_chart(sample: pd.DataFrame, value: str | None = None, band: float = 0
     data = parity_frame(sample, band)
     sets = list(dict.fromkeys(sample["set"]))
     param = alt.param(name="measured_set", value=value or sets[0],
-                      bind=alt.binding_select(options=sets, name="measured set "))
+                      bind=alt.binding_select(options=sets, labels=[set_name(x) for x in sets],
+                                              name="measured set "))
     axis = {"scale": alt.Scale(type="log", nice=False),
             "axis": alt.Axis(labelExpr=viz.LOG125_LABEL, labelOverlap="greedy")}
     x = alt.X("measured_ms:Q", title="measured time (ms)", **axis)
@@ -445,7 +500,7 @@ def error_table(errors: pd.DataFrame) -> pd.DataFrame:
     ``median, calibrated (%)``, ``worst, calibrated (%)``; diagnostic sets (kernels vLLM does not run, priced
     with the BF16 defaults) are marked with "(diagnostic)" after their name.
     """
-    name = errors["set"] + np.where(errors["diagnostic"], " (diagnostic)", "")
+    name = errors["set"].map(set_name) + np.where(errors["diagnostic"], " (diagnostic)", "")
     return pd.DataFrame({"measured set": name, "cases": errors["cases"],
                          "median, starting (%)": errors["median_rel_err_before"] * 100,
                          "median, calibrated (%)": errors["median_rel_err_after"] * 100,

@@ -32,6 +32,8 @@ CHART_CSS = """.batchlab-chart, .batchlab-chart.vega-embed { display: block; max
 .batchlab-chart svg.marks, .batchlab-chart canvas.marks { display: block; max-width: 100%; height: auto; }
 .batchlab-chart .vega-bindings { font-size: 0.8rem; margin-top: 0.25rem; max-width: 100%; }
 .batchlab-chart .vega-bind-name { margin-right: 0.5rem; }
+.batchlab-chart .vega-bind { margin-bottom: 0.35rem; }
+.batchlab-chart .vega-bind-radio label { margin: 0 0.8rem 0 0.2rem; }
 .batchlab-chart .vega-bindings input[type=range] { vertical-align: middle; width: 14rem; max-width: 60%; }
 div.math { max-width: 100%; overflow-x: auto; overflow-y: hidden; }
 .cell_output table, div.output table { display: block; max-width: 100%; overflow-x: auto; }

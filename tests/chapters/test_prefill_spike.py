@@ -115,6 +115,26 @@ def test_scenarios_frames(frames, cost8b, cost70b_fp8):
     assert spikes["8b", "mixed step (Orca)"].run.knobs["num_kv_blocks"] == cost8b.kv_pool_blocks()  # vLLM's 0.92
 
 
+def test_admission_table_marks_the_prompt_step_in_ms(orca):
+    at = orca.summary["admit_step"]
+    table = chapter.admission_table(orca, before=2, after=2)
+    shown = table.data
+    assert len(shown) == 5 and shown.index[2] == at
+    assert shown[""].tolist() == ["", "", "computes the long prompt", "", ""]
+    assert shown["start (ms)"].iloc[0] == 0.0
+    assert shown["duration (ms)"].loc[at] == pytest.approx(orca.summary["admit_step_s"] * 1e3)
+    html = table.to_html()
+    assert "duration (ms)" in html and "prompt tokens" in html and "duration_s" not in html
+
+
+def test_scenario_table_in_ms_with_words(frames):
+    _, _, summary, _ = frames
+    shown = chapter.scenario_table(summary)
+    np.testing.assert_allclose(shown.data["longest gap (ms)"], summary["itl_max_s"] * 1e3)
+    html = shown.to_html()
+    assert "longest gap (ms)" in html and "itl_max" not in html and "cadence_s" not in html
+
+
 def test_spike_chart(frames):
     itl, behind, _, _ = frames
     spec = chapter.spike_chart(itl, behind, 400, "the article's 400 ms").to_dict()

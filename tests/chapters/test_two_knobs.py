@@ -224,6 +224,7 @@ def test_tables_read_in_units():
     assert "19.8" in runs and "p99 TTFT" in runs and "468 s" in runs
     gpus = chapter.vllm_defaults_style(chapter.vllm_defaults_table(["a100-80gb"]).set_index("gpu")).to_html()
     assert "HBM (GiB)" in gpus and "2,048" in gpus and "hbm_gib" not in gpus
+    assert "A100 80GB" in gpus and ">index<" not in gpus and ">gpu<" not in gpus  # the page's names, no stray index
 
 
 def params_value(spec, name):

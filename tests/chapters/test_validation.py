@@ -211,6 +211,20 @@ def test_error_table_is_narrow_with_units(frames):
     np.testing.assert_allclose(table["median, calibrated (%)"], errors["median_rel_err_after"] * 100)
     marked = table["measured set"].str.endswith(" (diagnostic)")
     assert (marked == errors["diagnostic"]).all() and marked.any()
+    assert set(errors["set"]) <= set(chapter.SET_NAMES)  # every set has a name a reader can read
+    assert not table["measured set"].str.contains("_").any()
+
+
+def test_efficiency_and_case_tables_name_what_they_show(frames, costs):
+    table = chapter.efficiency_table(*costs)
+    assert table.loc["per-step overhead (ms)", "starting"] == "1"  # 1 ms, shown in ms
+    assert table.loc["elementwise share of HBM bandwidth", "starting"] == "none"
+    assert not any("_" in name for name in table.index)
+    cases, _ = frames
+    counts = chapter.case_counts(cases)
+    assert counts.columns.tolist() == ["fit", "ridge", "held out"]
+    assert counts.to_numpy().sum() == (cases["stage"] == "after").sum()
+    assert counts.loc["all-reduce (NCCL)"].sum() == ((cases["stage"] == "after") & (cases["set"] == "allreduce")).sum()
 
 
 def test_runs_table_reads_an_infinite_rate_as_all_at_once():
