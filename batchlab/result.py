@@ -170,15 +170,23 @@ class SimResult:
         """Iterations run, recorded or not."""
         return int(self.raw.totals[TOTAL_STEPS])
 
-    def summary(self) -> dict:
+    def summary(self, slo=None) -> dict:
         """``vllm bench serve``-style summary; keys in DESIGN section 5.
 
         Computed from what the loop accumulated as it ran, so it costs a pass over the requests, never over the
         tokens: every key is exact except the ITL percentiles, read from a histogram and within
         ``batchlab.metrics.ITL_RELATIVE_ERROR`` (2**-13) of the values the full token record gives.
+
+        With ``slo`` (a :class:`batchlab.SLO`), two keys more: ``request_goodput`` (req/s completed with every
+        bound met, the key ``vllm bench serve --goodput`` writes) and ``slo_met`` (the SLO's percentile of every
+        bounded latency within its bound, :meth:`batchlab.SLO.met_by`).
         """
-        return metrics.summary(self._columns, metrics.histogram_stats("itl", self.raw.itl),
-                               float(self.raw.totals[TOTAL_BUSY_S]))
+        out = metrics.summary(self._columns, metrics.histogram_stats("itl", self.raw.itl),
+                              float(self.raw.totals[TOTAL_BUSY_S]))
+        if slo is not None:
+            out["request_goodput"] = slo.goodput(self)
+            out["slo_met"] = slo.met_by(out)
+        return out
 
     def summary_from_tokens(self) -> dict:
         """:meth:`summary` computed the slow way, from every token's time (``record_tokens=True`` only): the

@@ -35,13 +35,14 @@ def expand_grid(grid) -> list[dict]:
     return [dict(c) for c in configs]
 
 
-def _run_one(requests, cost, config) -> dict:
+def _run_one(requests, cost, config, slo=None) -> dict:
     knobs = dict(config)
     policy = knobs.pop("policy")
-    return simulate(requests, policy, cost, **{"record_tokens": False, **knobs}).summary()
+    res = simulate(requests, policy, cost, **{"record_tokens": False, **knobs})
+    return res.summary() if slo is None else res.summary(slo=slo)
 
 
-def sweep(requests, grid, cost, *, policy: str = "chunked", executor=None, progress: bool = True,
+def sweep(requests, grid, cost, *, policy: str = "chunked", executor=None, progress: bool = True, slo=None,
           **fixed_knobs) -> pd.DataFrame:
     """Simulate every configuration of ``grid`` and tabulate each run's ``summary()``.
 
@@ -61,6 +62,9 @@ def sweep(requests, grid, cost, *, policy: str = "chunked", executor=None, progr
         Runs the simulations (a process pool, or a Dask client's ``get_executor()``); serial if None.
     progress : bool, default True
         Show a tqdm progress bar (works in JupyterLab too) for sweeps of more than a few configurations.
+    slo : batchlab.SLO, optional
+        Adds each run's ``request_goodput`` (req/s) and ``slo_met`` under it (``summary(slo=slo)``, chapter 12);
+        without it the rows are exactly ``summary()``.
     **fixed_knobs
         Knobs applied to every configuration.
 
@@ -84,11 +88,11 @@ def sweep(requests, grid, cost, *, policy: str = "chunked", executor=None, progr
         if executor is None:
             rows = []
             for config in configs:
-                rows.append(_run_one(requests, cost, config))
+                rows.append(_run_one(requests, cost, config, slo))
                 if bar is not None:
                     bar.update()
         else:
-            futures = [executor.submit(_run_one, requests, cost, config) for config in configs]
+            futures = [executor.submit(_run_one, requests, cost, config, slo) for config in configs]
             if bar is not None:
                 for _fut in _as_completed(futures):
                     bar.update()
