@@ -401,7 +401,7 @@ def _arrival_seconds(df: pd.DataFrame, column: str, time_unit: str | None, where
         if np.abs(values).max() > EPOCH_LIKE:
             raise ValueError(f"{where}: arrival column {column!r} holds numbers up to {np.abs(values).max():.4g}, "
                              f"which look like epoch timestamps in an unknown unit; pass time_unit= "
-                             f"({', '.join(TIME_UNITS)}) to say which")
+                             f"(--time-unit: {', '.join(TIME_UNITS)}) to say which")
         unit = "s"
     return values * TIME_UNITS[unit], unit
 
@@ -415,7 +415,7 @@ def _trace_workload(df, where, n_requests, rate_req_s, seed, arrival, prompt, ou
         found = _find_column(df, given, spellings, what, where)
         if found is None:
             raise ValueError(f"{where}: no {what}-token column; tried {', '.join(spellings)} (case and _ ignored) "
-                             f"among {list(map(str, df.columns))}; name it with {what}=")
+                             f"among {list(map(str, df.columns))}; name it with {what}= (--{what}-column)")
         columns[what] = found
     prompt_tokens = _token_column(df, columns["prompt"], where)
     output_tokens = _token_column(df, columns["output"], where)
@@ -433,7 +433,7 @@ def _trace_workload(df, where, n_requests, rate_req_s, seed, arrival, prompt, ou
             raise ValueError(f"{where}: no arrival column (tried {', '.join(_ARRIVAL)}, case and _ ignored); pass "
                              f"rate_req_s= (--request-rate) for Poisson arrivals at that rate, or max_concurrency= "
                              f"(--max-concurrency) to send every request at once closed-loop, or name the column "
-                             f"with arrival=")
+                             f"with arrival= (--arrival-column)")
         order = np.arange(n_rows)[:n_requests]
         secs = secs[:n_requests]
     else:
