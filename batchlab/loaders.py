@@ -350,21 +350,29 @@ def _unit_from_name(column: str) -> str | None:
 
 def _token_column(df: pd.DataFrame, column: str, where: str) -> np.ndarray:
     """The whole numbers >= 1 of ``column``, or a ValueError naming the first bad row."""
-    values = pd.to_numeric(df[column], errors="coerce").to_numpy(dtype=np.float64)
-    raw = df[column].to_numpy()
-    for i, v in enumerate(values):
-        bad = None
-        if isinstance(raw[i], (bool, np.bool_)):
-            bad = "a boolean"
+    raw = df[column]
+    values = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=np.float64)
+    if pd.api.types.is_bool_dtype(raw):
+        is_bool = np.ones(len(raw), dtype=bool)
+    elif pd.api.types.is_numeric_dtype(raw):
+        is_bool = np.zeros(len(raw), dtype=bool)
+    else:  # mixed values (JSON lines): a true/false among numbers is not a count
+        is_bool = raw.map(lambda v: isinstance(v, (bool, np.bool_))).to_numpy(dtype=bool)
+    with np.errstate(invalid="ignore"):
+        bad = is_bool | ~np.isfinite(values) | (values != np.round(values)) | (values < 1)
+    if bad.any():
+        i = int(np.argmax(bad))
+        v, r = values[i], raw.iloc[i]
+        if is_bool[i]:
+            what = "a boolean"
         elif math.isnan(v):
-            bad = "missing (NaN)" if pd.isna(raw[i]) else "not a number"
-        elif v != round(v) or math.isinf(v):
-            bad = "not a whole number"
-        elif v < 1:
-            bad = "negative" if v < 0 else "zero"
-        if bad:
-            raise ValueError(f"{where}: {column!r} of row {i} is {bad} ({raw[i]!r}); expected token counts, "
-                             f"whole numbers >= 1")
+            what = "missing (NaN)" if pd.isna(r) else "not a number"
+        elif math.isinf(v) or v != round(v):
+            what = "not a whole number"
+        else:
+            what = "negative" if v < 0 else "zero"
+        raise ValueError(f"{where}: {column!r} of row {i} is {what} ({r!r}); expected token counts, whole numbers "
+                         f">= 1")
     return values.astype(np.int64)
 
 
@@ -373,21 +381,23 @@ def _arrival_seconds(df: pd.DataFrame, column: str, time_unit: str | None, where
     col = df[column]
     if pd.api.types.is_bool_dtype(col):
         raise ValueError(f"{where}: arrival column {column!r} holds booleans; expected times")
+    if (not pd.api.types.is_numeric_dtype(col) and not pd.api.types.is_datetime64_any_dtype(col)
+            and pd.to_numeric(col, errors="coerce").notna().all()):
+        col = pd.to_numeric(col)  # numbers written as text ("12.5") are numbers, not dates
     if pd.api.types.is_datetime64_any_dtype(col) or not pd.api.types.is_numeric_dtype(col):
         if time_unit is not None:
             raise ValueError(f"{where}: arrival column {column!r} holds datetimes or text, so time_unit="
                              f"{time_unit!r} does not apply; drop it")
         if col.isna().any():
             raise ValueError(f"{where}: arrival column {column!r} is missing in row {int(np.argmax(col.isna()))}")
-        try:
-            stamps = pd.to_datetime(col, format="mixed")
-        except (ValueError, TypeError):
+        try:  # as UTC: naive times stay as written, offsets are honoured, and only differences matter
+            stamps = pd.to_datetime(col, format="mixed", utc=True)
+        except (ValueError, TypeError, OverflowError):
             sample = col.iloc[0]
             raise ValueError(f"{where}: arrival column {column!r} holds {sample!r}, neither a number nor a date and "
                              f"time; expected seconds (or time_unit=) or datetimes") from None
-        if getattr(stamps.dt, "tz", None) is not None:
-            stamps = stamps.dt.tz_convert("UTC").dt.tz_localize(None)
-        return stamps.astype("datetime64[ns]").astype("int64").to_numpy() / 1e9, "datetime"
+        stamps = stamps.dt.tz_localize(None).astype("datetime64[ns]")
+        return stamps.astype("int64").to_numpy() / 1e9, "datetime"
     values = col.to_numpy(dtype=np.float64)
     if not np.isfinite(values).all():
         row = int(np.argmax(~np.isfinite(values)))

@@ -73,6 +73,22 @@ def test_dataframe_with_pandas_datetimes_and_given_columns():
     assert list(w.requests.prompt_tokens) == [6, 5]
 
 
+def test_datetimes_with_utc_offsets_are_compared_in_utc():
+    df = pd.DataFrame({"timestamp": ["2024-01-01T00:00:00+01:00", "2023-12-31T23:00:01Z",
+                                     "2024-01-01 00:00:00.5+01:00"], "prompt_tokens": [1, 2, 3],
+                       "output_tokens": [1, 1, 1]})
+    w = load_workload(df)
+    np.testing.assert_allclose(w.requests.arrival_s, [0.0, 0.5, 1.0])
+    assert list(w.requests.prompt_tokens) == [1, 3, 2]
+
+
+def test_numbers_written_as_text_are_numbers():
+    df = pd.DataFrame({"timestamp": ["1.5", "0.5"], "prompt_tokens": ["3", 4], "output_tokens": [1, 1]})
+    w = load_workload(df)
+    np.testing.assert_allclose(w.requests.arrival_s, [0.0, 1.0])
+    assert list(w.requests.prompt_tokens) == [4, 3]
+
+
 def test_epoch_nanoseconds_read_with_time_unit(tmp_path):
     path = write(tmp_path, "t.csv", "timestamp,prompt_tokens,output_tokens\n"
                                     "1700000000000000000,5,5\n1700000000250000000,6,6\n")
@@ -234,6 +250,12 @@ def test_nan_token_count(tmp_path):
 def test_text_token_count(tmp_path):
     refused(write(tmp_path, "t.jsonl", '{"time": 0, "prompt_tokens": "many", "output_tokens": 1}\n'), "t.jsonl",
             "not a number")
+
+
+def test_boolean_token_count(tmp_path):
+    refused(write(tmp_path, "t.jsonl", '{"time": 0, "prompt_tokens": true, "output_tokens": 1}\n'
+                                       '{"time": 1, "prompt_tokens": 5, "output_tokens": 1}\n'), "t.jsonl",
+            "row 0 is a boolean")
 
 
 def test_epoch_like_arrivals_without_unit_refused(tmp_path):
