@@ -7,7 +7,8 @@ for the metrics batchlab models. ``tune`` searches ``max_num_seqs`` x ``max_num_
 goodput under ``--goodput`` (:func:`batchlab.tune.tune`).
 
 The table layout and the JSON keys follow ``vllm/benchmarks/serve.py`` (``benchmark`` and ``main_async``).
-Keys written: ``date``, ``backend``, ``model_id``, ``num_prompts``, ``request_rate``, ``burstiness``,
+Keys written: ``date``, ``backend``, ``model_id``, ``num_prompts``, ``request_rate`` (a trace's own mean rate
+when it keeps its arrival times), ``burstiness`` (as given; null when the dataset's own arrivals were kept),
 ``max_concurrency``, ``duration``, ``completed``, ``failed`` (requests batchlab rejects, e.g. a prompt longer
 than ``max_model_len``, which vLLM answers with an error), ``total_input_tokens``, ``total_output_tokens``,
 ``request_throughput``, ``request_goodput`` (null without ``--goodput``, as vLLM), ``output_throughput``,
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
 import sys
 from datetime import datetime
@@ -541,6 +543,9 @@ def main(argv=None) -> int:
         args.model_id = args.model  # as typed: the result's model_id, as vLLM writes the id it was given
         args.model = resolve_model(args.model)
         return args.func(args)
+    except BrokenPipeError:  # the reader went away (``| head``): stop quietly, as other command-line tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except (ValueError, OSError) as err:
         message = " ".join(str(err).split()) or type(err).__name__
         print(f"batchlab: error: {message}", file=sys.stderr)

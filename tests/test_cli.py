@@ -160,3 +160,23 @@ def test_main_returns_2_on_a_bad_file(tmp_path, capsys):
     assert cli.main(["simulate", "--dataset", str(bad)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("batchlab: error: ") and "input_lens has 2 entries but output_lens 1" in err
+
+
+def test_tune_refuses_a_knob_fixed_and_searched(capsys):
+    argv = ["tune", "--dataset", "synthetic:prompt=64,output=8,n=20", "--goodput", "ttft:500",
+            "--max-num-seqs", "8", "--max-num-seqs-grid", "8,16"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--max-num-seqs (one value) or --max-num-seqs-grid" in err
+
+
+def test_simulate_itl_percentile_beyond_the_histogram_is_exact(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    argv = ["simulate", "--dataset", "synthetic:prompt=256,output=32,rate=20,n=60", "--percentile-metrics", "itl",
+            "--metric-percentiles", "95", "--save-result", "--result-filename", str(out)]
+    assert cli.main(argv) == 0
+    stdout = capsys.readouterr().out
+    assert "P95 ITL (ms):" in stdout and "P99 ITL (ms):" not in stdout
+    saved = json.loads(out.read_text())
+    assert {"mean_itl_ms", "median_itl_ms", "std_itl_ms", "p95_itl_ms"} <= set(saved)  # from every token's time
+    assert "mean_ttft_ms" not in saved  # only the selected metrics, as vLLM
