@@ -43,6 +43,7 @@ LATENCY_METRICS = {  # vLLM's metric name -> (printed name, section header), as 
     "itl": ("ITL", "Inter-token Latency"),
     "e2el": ("E2EL", "End-to-end Latency"),
 }
+DEFAULT_MODEL = "llama-3-8b"  # the book's reference model
 SUMMARY_PERCENTILES = {50: "median", 90: "p90", 99: "p99"}  # the percentiles SimResult.summary() gives
 GPU_ALIASES = {"h100": "h100-sxm", "a100": "a100-80gb", "h100-80gb": "h100-sxm", "a100-sxm": "a100-80gb"}
 
@@ -127,6 +128,19 @@ def _percentiles(text: str) -> list[float]:
     return out
 
 
+def _saved_model_id(dataset: str) -> str | None:
+    """The ``model_id`` of a saved ``vllm bench serve`` result, if ``dataset`` is one (else None)."""
+    path = Path(dataset)
+    if path.suffix.lower() != ".json" or not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, OSError):
+        return None  # load_workload says what is wrong with the file
+    model_id = data.get("model_id") if isinstance(data, dict) and "input_lens" in data else None
+    return model_id if isinstance(model_id, str) and model_id else None
+
+
 def resolve_model(text: str) -> str:
     """The batchlab model name for ``text``: a batchlab name, or a Hugging Face id as vLLM users type it.
 
@@ -192,8 +206,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _common_flags(p: argparse.ArgumentParser) -> None:
     eng = p.add_argument_group("engine (vllm serve flags)")
-    eng.add_argument("--model", default="llama-3-8b",
-                     help="batchlab model name or Hugging Face id (default llama-3-8b)")
+    eng.add_argument("--model", help="batchlab model name or Hugging Face id (default: the model_id of a saved "
+                     "vllm bench serve result, else llama-3-8b)")
     eng.add_argument("--gpu", type=resolve_gpu, default="h100-sxm", help="GPU (default h100-sxm)")
     eng.add_argument("--tensor-parallel-size", "-tp", type=_positive_int, default=1, help="TP degree (1 to 8)")
     eng.add_argument("--dtype", choices=("auto", "bfloat16", "bf16", "float16", "half"), default="auto",
@@ -540,8 +554,14 @@ def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        args.model_id = args.model  # as typed: the result's model_id, as vLLM writes the id it was given
-        args.model = resolve_model(args.model)
+        args.model_id = args.model or _saved_model_id(args.dataset) or DEFAULT_MODEL  # as typed, for model_id
+        try:
+            args.model = resolve_model(args.model_id)
+        except ValueError as err:
+            if args.model is None:  # the saved result's model: say where it came from
+                raise ValueError(f"{args.dataset} was run with model_id {args.model_id!r}, which batchlab does not "
+                                 f"know; pass --model to simulate one it does ({err})") from None
+            raise
         return args.func(args)
     except BrokenPipeError:  # the reader went away (``| head``): stop quietly, as other command-line tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

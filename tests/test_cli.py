@@ -180,3 +180,13 @@ def test_simulate_itl_percentile_beyond_the_histogram_is_exact(tmp_path, capsys)
     saved = json.loads(out.read_text())
     assert {"mean_itl_ms", "median_itl_ms", "std_itl_ms", "p95_itl_ms"} <= set(saved)  # from every token's time
     assert "mean_ttft_ms" not in saved  # only the selected metrics, as vLLM
+
+
+def test_simulate_takes_the_model_of_a_saved_result(tmp_path, capsys):
+    assert cli.main(["simulate", "--dataset", str(BENCH), "--percentile-metrics", "ttft"]) == 0
+    assert "Model: llama-3-8b (from meta-llama/Meta-Llama-3-8B-Instruct)" in capsys.readouterr().out
+    other = tmp_path / "qwen.json"
+    other.write_text(BENCH.read_text().replace("meta-llama/Meta-Llama-3-8B-Instruct", "Qwen/Qwen2.5-7B-Instruct"))
+    assert cli.main(["simulate", "--dataset", str(other)]) == 2
+    err = capsys.readouterr().err
+    assert "was run with model_id 'Qwen/Qwen2.5-7B-Instruct'" in err and "pass --model" in err
