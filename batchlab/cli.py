@@ -189,7 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
     sim.set_defaults(func=run_simulate)
     tune = sub.add_parser("tune", help="search max_num_seqs x max_num_batched_tokens for the largest goodput",
                           description="Search max_num_seqs x max_num_batched_tokens for the largest request "
-                          "goodput under an SLO; print the best setting, vLLM's defaults and the frontier.")
+                          "goodput under an SLO; print the best setting, vLLM's defaults and the frontier. "
+                          "--max-num-seqs N (or --max-num-batched-tokens, --long-prefill-token-threshold) fixes "
+                          "that knob instead of searching it.")
     _common_flags(tune)
     tune.add_argument("--goodput", nargs="+", metavar="KEY:VALUE", required=True,
                       help="SLOs in ms, e.g. ttft:500 tpot:50 (keys ttft, tpot, e2el; vLLM's syntax)")
@@ -242,6 +244,8 @@ def _common_flags(p: argparse.ArgumentParser) -> None:
     out.add_argument("--save-result", action="store_true", help="write the result as JSON")
     out.add_argument("--result-filename", help="JSON file name (default batchlab-<rate>qps-<model>-<date>.json)")
     out.add_argument("--result-dir", help="directory for the JSON file")
+    if p.prog.endswith("tune"):
+        return  # tune reports goodput and p99 TTFT/TPOT per setting, not a latency table
     out.add_argument("--percentile-metrics", type=_metrics, default=list(LATENCY_METRICS),
                      help="comma-separated subset of ttft,tpot,itl,e2el (default all four; vLLM's: ttft,tpot,itl)")
     out.add_argument("--metric-percentiles", type=_percentiles, default=[99.0],
