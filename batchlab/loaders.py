@@ -106,7 +106,9 @@ def load_workload(source, *, n_requests: int | None = None, rate_req_s: float | 
         Unit of numeric arrival times.
     burstiness : float, optional
         ``vllm bench serve --burstiness``: the shape of the gamma inter-arrival gaps (1 = Poisson, < 1 burstier,
-        inf evenly spaced); CV = 1 / sqrt(burstiness). Bench result: replaces the saved value.
+        inf evenly spaced); CV = 1 / sqrt(burstiness). Preset: replaces the trace's inter-arrival CV. Synthetic
+        spec: sets ``arrival_cv``. Trace without arrival times: shapes the drawn gaps. Bench result: replaces the
+        saved value. A trace with arrival times refuses it.
     max_concurrency : int, optional
         Closed-loop clients: at most this many requests in flight (``simulate(..., max_concurrency=)``).
         Bench result: replaces the saved value. Lets a trace without arrival times replay closed-loop.
