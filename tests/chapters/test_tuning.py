@@ -1,0 +1,147 @@
+"""Chapter 12 (tuning for your traffic): the tuning grid's layout and invariants (one best and one default per
+workload, SLO and load, the best's goodput the largest, refused pairs without numbers), the picks against the
+grid, the headroom against simulation, goodput and p99 read as two tests, the example trace read back by the
+loaders, the tables' headers, and the goodput map's spec (three radio rows labelled in words and ms, a heatmap
+on the two knobs in tokens and sequences, the best, default and refused marks, the readout filtered by all three
+controls)."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from spec_helpers import marks, titles, walk
+
+import batchlab as bl
+from batchlab.chapters import tuning as chapter
+from batchlab.tune import at_rate
+
+SLOS = ["ttft:500 tpot:50", "ttft:200 tpot:25"]
+SLO_NAMES = {s: chapter.slo_label(bl.parse_goodput(s)) for s in SLOS}
+WORKLOADS = {"azure-conv-2023": "Azure conversation"}
+LOADS = {1.0: "the trace's rate", 4.0: "4 × the trace's rate"}
+
+
+@pytest.fixture(scope="module")
+def tuned(cost8b):
+    return chapter.tuning_grid(cost8b, list(WORKLOADS), SLOS, list(LOADS), 200, seed=1)
+
+
+def test_slo_label_reads_in_ms():
+    assert SLO_NAMES == {"ttft:500 tpot:50": "TTFT 500 ms, TPOT 50 ms", "ttft:200 tpot:25": "TTFT 200 ms, TPOT 25 ms"}
+    assert chapter.slo_label(bl.SLO(e2el_ms=1500)) == "E2EL 1,500 ms"
+
+
+def test_tuning_grid_layout_and_invariants(tuned):
+    grid, picks = tuned
+    assert list(grid.columns) == chapter.GRID_COLUMNS and list(picks.columns) == chapter.PICK_COLUMNS
+    assert len(grid) == 64 * 2 * 2 and len(picks) == 4
+    for (_, spec, load), g in grid.groupby(["workload", "slo", "load"]):
+        assert g["best"].sum() == 1 and g["vllm_default"].sum() == 1
+        assert g.loc[g["vllm_default"], ["max_num_seqs", "max_num_batched_tokens"]].values.tolist() == [[1024, 8192]]
+        best = g[g["best"]].iloc[0]
+        assert best["request_goodput"] == g["request_goodput"].max() and best["share_of_best"] == 1.0
+        refused = g[g["vllm_refuses"]]
+        assert refused[["max_num_seqs", "max_num_batched_tokens"]].values.tolist() == [[1024, 512]]
+        assert refused["share_of_best"].isna().all() and refused["p99_ttft_ms"].isna().all()
+        assert g.loc[~g["vllm_refuses"], "share_of_best"].between(0, 1).all()
+        pick = picks[(picks["slo"] == spec) & (picks["load"] == load)].iloc[0]
+        assert pick["best_goodput"] == best["request_goodput"] >= pick["default_goodput"]
+        assert pick["gain"] == pytest.approx(pick["best_goodput"] / pick["default_goodput"])
+        assert pick["best_goodput"] <= pick["offered_req_s"] * (1 + 1e-12)  # goodput never beats throughput
+    trace_rate = bl.trace_stats("azure-conv-2023")["rate_req_per_s"]
+    assert sorted(picks["rate_req_s"].unique()) == pytest.approx([trace_rate, 4 * trace_rate])
+    heavy = grid[(grid["load"] == 4.0) & ~grid["vllm_refuses"]]
+    light = grid[(grid["load"] == 1.0) & ~grid["vllm_refuses"]]
+    assert heavy["p99_ttft_ms"].median() > light["p99_ttft_ms"].median()  # more load, longer queues
+
+
+def test_tuning_grid_matches_a_direct_simulation(cost8b, tuned):
+    grid, _ = tuned
+    row = grid[(grid["slo"] == SLOS[1]) & (grid["load"] == 1.0) & (grid["max_num_seqs"] == 16)
+               & (grid["max_num_batched_tokens"] == 2048)].iloc[0]
+    stream = bl.preset("azure-conv-2023", 200, rate_req_s=row["rate_req_s"], seed=1)
+    res = bl.simulate(stream, "chunked", cost8b, max_num_seqs=16, max_num_batched_tokens=2048)
+    s = res.summary(slo=bl.parse_goodput(SLOS[1]))
+    assert row["request_goodput"] == s["request_goodput"] and row["slo_met"] == s["slo_met"]
+    assert row["p99_ttft_ms"] == s["p99_ttft_ms"]
+
+
+def test_headroom_brackets_by_simulation(cost8b, tuned):
+    _, picks = tuned
+    rates = chapter.headroom(cost8b, picks.iloc[:1], 200, seed=1)
+    row = rates.iloc[0]
+    assert row["default_max_rate_req_s"] > 0 and row["best_max_rate_req_s"] > 0
+    assert row["rate_ratio"] == pytest.approx(row["best_max_rate_req_s"] / row["default_max_rate_req_s"])
+    stream = bl.preset("azure-conv-2023", 200, rate_req_s=row["rate_req_s"], seed=1)
+    slo = bl.parse_goodput(row["slo"])
+    ok = bl.simulate(at_rate(stream, row["default_max_rate_req_s"]), "chunked", cost8b, record_tokens=False)
+    assert slo.met_by(ok.summary())
+
+
+def test_slo_readings_tell_goodput_from_p99(cost8b):
+    # bounds no request can miss, and bounds every request misses
+    stream = bl.preset("azure-conv-2023", 300, seed=3)
+    res = bl.simulate(stream, "chunked", cost8b, record_tokens=False)
+    r = chapter.slo_readings(res, ["ttft:100000 tpot:100000", "ttft:1 tpot:1"])
+    assert r["slo"].tolist() == ["ttft:100000 tpot:100000", "ttft:1 tpot:1"]
+    assert r["missed"].tolist() == [0, res.summary()["completed"]]
+    assert r["request_goodput"].iloc[0] == pytest.approx(r["request_throughput"].iloc[0])
+    assert r["slo_met"].tolist() == [True, False]
+    html = chapter.slo_readings_table(r, {s: s for s in r["slo"]}).to_html()
+    for header in ("goodput (req/s)", "requests missing a bound", "p99 TTFT (ms)", "p99s within the SLO"):
+        assert header in html
+
+
+def test_example_trace_reads_back(tmp_path):
+    from batchlab.loaders import load_workload
+    stream = bl.preset("azure-code-2023", 50, seed=2)
+    path = tmp_path / "my_trace.csv"
+    chapter.write_example_trace(path, stream)
+    back = load_workload(path).requests
+    np.testing.assert_allclose(back.arrival_s, stream.arrival_s - stream.arrival_s[0])
+    assert back.prompt_tokens.tolist() == stream.prompt_tokens.tolist()
+    assert back.output_tokens.tolist() == stream.output_tokens.tolist()
+
+
+def test_tables_have_units_in_their_headers(cost8b, tuned):
+    _, picks = tuned
+    html = chapter.picks_table(picks, SLO_NAMES, WORKLOADS).to_html()
+    assert "best: goodput (req/s)" in html and "×" in html and "TTFT 500 ms, TPOT 50 ms" in html
+    rates = picks.iloc[:1].assign(best_max_rate_req_s=0.0, default_max_rate_req_s=12.34, rate_ratio=np.nan)
+    html = chapter.headroom_table(rates, SLO_NAMES, WORKLOADS).to_html()
+    assert "none holds" in html and "12.3" in html and "largest rate (req/s)" in html
+
+
+def test_goodput_map_chart_spec(tuned):
+    grid, picks = tuned
+    spec = chapter.goodput_map_chart(grid, picks, WORKLOADS, SLO_NAMES, LOADS).to_dict()
+    params = {p["name"]: p for p in walk(spec, "params") for p in p if "bind" in p}
+    assert set(params) == {"slo_i", "load_i"}  # one workload: no control for it
+    assert params["slo_i"]["bind"]["input"] == "radio"
+    assert params["slo_i"]["bind"]["labels"] == ["TTFT 500 ms, TPOT 50 ms", "TTFT 200 ms, TPOT 25 ms"]
+    assert params["load_i"]["bind"]["labels"] == ["the trace's rate", "4 × the trace's rate"]
+    assert {"rect", "point", "text"} <= marks(spec)
+    assert {"max_num_batched_tokens (tokens)", "max_num_seqs (sequences)"} <= set(titles(spec))
+    filters = [f for f in walk(spec, "filter") if isinstance(f, str)]
+    assert any("workload_i" in f and "slo_i" in f and "load_i" in f for f in filters)  # the readout and the cells
+    colors = [c for c in walk(spec, "color") if isinstance(c, dict) and c.get("field") == "share_of_best"]
+    assert colors and colors[0]["scale"]["domain"] == [0, 1]
+    shapes = [s for s in walk(spec, "shape") if isinstance(s, dict) and s.get("field") == "kind"]
+    assert shapes[0]["scale"]["domain"] == list(chapter.MAP_KINDS)
+    cells = next(ds for ds in spec["datasets"].values() if "kind" in ds[0])
+    assert len(cells) == 64 * 4
+    kinds = [d["kind"] for d in cells]
+    assert kinds.count("best goodput") == 4 and kinds.count("refused by vLLM") == 4  # one per selection
+    assert kinds.count("vLLM default") == 4 - sum(d["kind"] == "best goodput" and d["max_num_seqs"] == 1024
+                                                  and d["max_num_batched_tokens"] == 8192 for d in cells)
+    readout = [d for ds in spec["datasets"].values() for d in ds if "label" in d]
+    assert len(readout) == 4 and all("vLLM default" in d["label"] and "\n" in d["label"] for d in readout)
+
+
+def test_goodput_map_chart_with_three_workloads_has_three_radio_rows(tuned):
+    grid, picks = tuned
+    both = pd.concat([grid, grid.assign(workload="b")], ignore_index=True)
+    spec = chapter.goodput_map_chart(both, pd.concat([picks, picks.assign(workload="b")]),
+                                     {"azure-conv-2023": "conversation", "b": "copy"}, SLO_NAMES, LOADS).to_dict()
+    params = [p["name"] for p in walk(spec, "params") for p in p if "bind" in p]
+    assert sorted(params) == ["load_i", "slo_i", "workload_i"]
