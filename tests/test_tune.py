@@ -247,3 +247,9 @@ def test_sweep_with_an_slo_adds_goodput_columns_only(stream, cost8b):
     pd.testing.assert_frame_equal(graded[plain.columns], plain)
     res = bl.simulate(stream.head(80), "chunked", cost8b, max_num_seqs=64, max_num_batched_tokens=2048)
     assert graded["request_goodput"].iloc[-1] == slo.goodput(res)
+
+
+def test_tune_shows_a_progress_bar(loaded, cost8b, capsys):
+    bl.tune(loaded.head(40), cost8b, bl.SLO(ttft_ms=500), max_num_seqs=[8, 16, 32], max_num_batched_tokens=[512, 1024],
+            progress=True)
+    assert "sweep" in capsys.readouterr().err  # tqdm writes its bar to stderr
