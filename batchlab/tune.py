@@ -11,8 +11,9 @@ ways, and the book keeps them apart:
 
 :func:`max_rate` finds the largest request rate at which a configuration still holds the SLO (bisection on a
 time scaling of the given arrivals); :func:`tune` searches ``max_num_seqs`` x ``max_num_batched_tokens`` (and
-optionally ``long_prefill_token_threshold``) for the largest goodput, beside vLLM's defaults. Used in chapter
-12 (``notebooks/12_tuning.ipynb``) and by ``python -m batchlab tune``.
+optionally ``long_prefill_token_threshold``) for the largest goodput, beside vLLM's defaults, and among settings
+whose goodputs tie (within ``goodput_rel_tol``) takes the one with the most SLO headroom (:meth:`SLO.load`, the
+``slo_load``). Used in chapter 12 (``notebooks/12_tuning.ipynb``) and by ``python -m batchlab tune``.
 """
 from __future__ import annotations
 
@@ -77,16 +78,35 @@ class SLO:
         """The bounds in vLLM's ``--goodput`` syntax, ``"ttft:500 tpot:50"`` (:func:`parse_goodput` reads it)."""
         return " ".join(f"{key}:{value:g}" for key, value in self.bounds_ms.items())
 
+    def _prefix(self) -> str:
+        prefix = PERCENTILE_PREFIX.get(float(self.percentile))
+        if prefix is None:
+            raise ValueError(f"summary() reports the 50th, 90th and 99th percentiles only, not {self.percentile!r}")
+        return prefix
+
     def met_by(self, summary: dict) -> bool:
         """Whether the ``percentile`` of every bounded latency in ``summary`` (a ``summary()`` dict) is within it.
 
         Reads ``median_<m>_ms``, ``p90_<m>_ms`` or ``p99_<m>_ms``, the percentiles ``summary()`` reports; any
         other ``percentile`` raises ValueError.
         """
-        prefix = PERCENTILE_PREFIX.get(float(self.percentile))
-        if prefix is None:
-            raise ValueError(f"summary() reports the 50th, 90th and 99th percentiles only, not {self.percentile!r}")
+        prefix = self._prefix()
         return all(summary[f"{prefix}_{key}_ms"] <= bound for key, bound in self.bounds_ms.items())
+
+    def load(self, summary):
+        """How close a run is to the SLO's percentile bounds: the largest ``percentile value / bound`` (no unit).
+
+        The max over the bounded latencies of, e.g., ``p99_ttft_ms / ttft_ms``, read from ``summary`` (a
+        ``summary()`` dict, a row of :func:`tune`'s table, or the whole table, for one value per row): below 1 the
+        SLO holds with room to spare (0.5: every bounded p99 at most half its bound), above 1 it fails; the SLO
+        holds (:meth:`met_by`) exactly when it is <= 1. NaN where a bounded percentile is NaN. Reads the same
+        keys as :meth:`met_by`.
+        """
+        prefix = self._prefix()
+        ratios = [np.asarray(summary[f"{prefix}_{key}_ms"], dtype=float) / bound
+                  for key, bound in self.bounds_ms.items()]
+        out = np.maximum.reduce(ratios)  # NaN propagates
+        return float(out) if np.ndim(out) == 0 else out
 
     def goodput(self, sim_result) -> float:
         """Requests per second that completed with every bound met (vLLM's ``--goodput``), of a :class:`SimResult`.
@@ -248,8 +268,9 @@ def max_rate(requests, cost, slo: SLO, *, policy: str = "chunked", rel_tol: floa
 class TuneResult(NamedTuple):
     """What :func:`tune` found."""
 
-    table: pd.DataFrame  # one row per configuration: knobs, vllm_refuses, vllm_default, summary, goodput, slo_met
-    best: dict  # knobs, request_goodput (req/s), p99_ttft_ms, p99_tpot_ms, slo_met of the best configuration
+    table: pd.DataFrame  # one row per configuration: knobs, vllm_refuses, vllm_default, summary, goodput,
+    #                      slo_met, slo_load
+    best: dict  # knobs, request_goodput (req/s), p99_ttft_ms, p99_tpot_ms, slo_met, slo_load of the pick
     defaults: dict  # the same for vLLM's defaults
     frontier: pd.DataFrame  # rows on the Pareto front of request_goodput (max) vs p99_ttft_ms (min)
     gain: float  # best goodput / defaults' goodput (inf if the defaults' is 0, NaN if both are)
@@ -269,7 +290,7 @@ def _values(name: str, values) -> list[int]:
 
 
 def _point(row) -> dict:
-    keys = [k for k in KNOBS if k in row] + ["request_goodput", "p99_ttft_ms", "p99_tpot_ms", "slo_met"]
+    keys = [k for k in KNOBS if k in row] + ["request_goodput", "p99_ttft_ms", "p99_tpot_ms", "slo_met", "slo_load"]
     out = {}
     for k in keys:
         v = row[k]
@@ -279,15 +300,29 @@ def _point(row) -> dict:
 
 def tune(requests, cost, slo: SLO, *, max_num_seqs=None, max_num_batched_tokens=None,
          long_prefill_token_threshold=None, policy: str = "chunked", executor=None, progress: bool = True,
-         **fixed_knobs) -> TuneResult:
+         goodput_rel_tol: float = 0.01, **fixed_knobs) -> TuneResult:
     """The ``max_num_seqs`` x ``max_num_batched_tokens`` setting with the largest goodput under ``slo``.
 
     A grid search (:func:`batchlab.sweep`: any executor, a progress bar) replaying ``requests`` through every
     configuration, vLLM's defaults for the GPU (:func:`batchlab.vllm_defaults`) always among them (a row of its
     own, last, when the grid does not hold them). The objective is goodput as ``vllm bench serve --goodput``
-    counts it (:meth:`SLO.goodput`); ties break by the lower p99 TTFT, then the smaller knobs, so the answer is
-    deterministic. A pair with ``max_num_batched_tokens < max_num_seqs`` is not simulated (vLLM refuses to start
-    with it): its row has goodput 0, ``slo_met`` False, ``vllm_refuses`` True and no other numbers.
+    counts it (:meth:`SLO.goodput`). A pair with ``max_num_batched_tokens < max_num_seqs`` is not simulated
+    (vLLM refuses to start with it): its row has goodput 0, ``slo_met`` False, ``vllm_refuses`` True and no other
+    numbers.
+
+    **How the best is chosen.** When most settings keep up with the offered load their goodputs agree to within
+    rounding, and the largest of them says only how the last requests of the run drained. So:
+
+    1. goodputs within ``goodput_rel_tol`` of the largest, ``goodput >= (1 - goodput_rel_tol) * max``, are ties;
+    2. of the tied settings, only those whose goodput is also at least the defaults' are candidates (the largest
+       always is one), so the best's goodput is never below the defaults';
+    3. the candidate with the most SLO headroom wins: the smallest ``slo_load`` (:meth:`SLO.load`), the largest
+       ratio of a bounded latency's percentile (``slo.percentile``, p99 by default) to its bound, e.g.
+       ``max(p99_ttft_ms / 500, p99_tpot_ms / 50)``; a setting whose ``slo_load`` is NaN comes last;
+    4. then the smaller ``max_num_seqs``, ``max_num_batched_tokens`` (and ``long_prefill_token_threshold``), in
+       that order, so the answer is deterministic.
+
+    With ``goodput_rel_tol=0`` only the largest goodput ties, and the best is a setting with the largest goodput.
 
     Parameters
     ----------
@@ -306,16 +341,23 @@ def tune(requests, cost, slo: SLO, *, max_num_seqs=None, max_num_batched_tokens=
         Runs the simulations; the result is the same with any executor.
     progress : bool, default True
         A tqdm progress bar.
+    goodput_rel_tol : float, default 0.01
+        In [0, 1): goodputs this close to the largest, relatively, tie (1 %; 0 = only the largest).
     **fixed_knobs
         Further knobs of :func:`batchlab.simulate` for every configuration (``record_tokens`` is False).
 
     Returns
     -------
     TuneResult
-        ``table``, ``best``, ``defaults``, ``frontier`` and ``gain``.
+        ``table`` (with ``slo_load``, NaN where vLLM refuses the pair), ``best`` and ``defaults`` (knobs,
+        ``request_goodput`` in req/s, ``p99_ttft_ms``, ``p99_tpot_ms``, ``slo_met``, ``slo_load``), ``frontier``
+        and ``gain`` (best goodput / defaults').
     """
     if not isinstance(slo, SLO):
         raise ValueError("slo must be a batchlab.SLO (see batchlab.parse_goodput)")
+    tol = goodput_rel_tol
+    if isinstance(tol, bool) or not isinstance(tol, (int, float, np.integer, np.floating)) or not 0 <= tol < 1:
+        raise ValueError(f"goodput_rel_tol must be a number in [0, 1), got {tol!r}")
     grid = {"max_num_seqs": _values("max_num_seqs", DEFAULT_MAX_NUM_SEQS if max_num_seqs is None else max_num_seqs),
             "max_num_batched_tokens": _values("max_num_batched_tokens", DEFAULT_MAX_NUM_BATCHED_TOKENS
                                               if max_num_batched_tokens is None else max_num_batched_tokens)}
@@ -336,12 +378,15 @@ def tune(requests, cost, slo: SLO, *, max_num_seqs=None, max_num_batched_tokens=
     table = points.merge(runs, on=keys, how="left")
     table["request_goodput"] = table["request_goodput"].fillna(0.0)
     table["slo_met"] = table["slo_met"].fillna(False).astype(bool)
+    table["slo_load"] = slo.load(table)  # NaN where refused: no percentiles
     table["policy"] = policy
     table.insert(len(keys), "vllm_refuses", refused)
     table.insert(len(keys) + 1, "vllm_default", is_default)
     accepted = table[~refused]
-    order = accepted.sort_values(["request_goodput", "p99_ttft_ms", *keys],
-                                 ascending=[False, True] + [True] * len(keys), kind="mergesort")
+    goodput = accepted["request_goodput"]
+    floor = max((1 - tol) * goodput.max(), float(table.loc[is_default, "request_goodput"].iloc[0]))
+    candidates = accepted[goodput >= floor]  # tied with the largest and at least the defaults' (the largest is)
+    order = candidates.sort_values(["slo_load", *keys], ascending=True, na_position="last", kind="mergesort")
     best = _point(order.iloc[0])
     defaults = _point(table[is_default].iloc[0])
     frontier = pareto_front(accepted, "request_goodput", "p99_ttft_ms")
