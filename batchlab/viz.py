@@ -66,6 +66,13 @@ TITLES = {  # column -> axis title; lowercase, with units
 }
 
 
+# The presets' names as a reader writes them (tables and legends); code keeps the preset keys.
+GPU_NAMES = {"h100-sxm": "H100 SXM", "h100-pcie": "H100 PCIe", "h200": "H200", "a100-80gb": "A100 80GB"}
+MODEL_NAMES = {"llama-3-8b": "Llama-3-8B", "llama-3-70b": "Llama-3-70B", "llama-2-7b": "Llama-2-7B",
+               "llama-2-70b": "Llama-2-70B", "mistral-7b": "Mistral-7B", "llama-3.1-8b": "Llama-3.1-8B",
+               "llama-3.1-70b": "Llama-3.1-70B", "codellama-34b": "CodeLlama-34B", "qwen3-32b": "Qwen3-32B"}
+
+
 def title(column: str) -> str:
     """Axis title of a column: from :data:`TITLES`, else a vLLM summary name (``p99_ttft_ms`` -> "p99 ttft (ms)")."""
     if column in TITLES:

@@ -255,6 +255,17 @@ def queue_delay_chart(runs: pd.DataFrame, facet: str = "load"):
         y="independent").add_params(delay, metric)
 
 
+def saturation_rules(capacity: pd.DataFrame) -> pd.DataFrame:
+    """The two vertical rules of :func:`load_sweep_chart`: lockstep (``static``) and iteration-level
+    (``continuous``) saturation throughputs (req/s) from :func:`policy_grid`'s run with every request at time 0.
+
+    Used in chapter 02.
+    """
+    sat = capacity.set_index("policy")["request_throughput"]
+    return pd.DataFrame({"rate_req_s": [float(sat["static"]), float(sat["continuous"])],
+                         "label": ["lockstep saturation", "iteration-level saturation"]})
+
+
 def load_sweep_chart(runs: pd.DataFrame, capacities: pd.DataFrame, metric: str = "mean_e2el_ms"):
     """Latency against offered load per policy on log-log axes, saturation throughputs as rules.
 

@@ -160,11 +160,15 @@ def styled_verdicts(table: pd.DataFrame):
                                {"selector": "td", "props": "border-bottom: 1px solid #ddd"}]))
 
 
-def defaults_view(defaults: pd.DataFrame) -> pd.DataFrame:
-    """:func:`max_num_seqs_table` with the headers a reader reads (units in brackets), memory and size rounded
-    to one decimal. Used in chapter 11."""
-    names = {"gpu": "GPU", "hbm_gib": "memory (GiB)", "model": "model", "params_b": "parameters (billions)",
-             "max_num_seqs": "max_num_seqs", "max_num_batched_tokens": "budget, vllm serve (tokens)",
-             "offline_tokens": "budget, offline (tokens)", "article_rule": "the article's rule",
-             "agrees": "agrees"}
-    return defaults[list(names)].rename(columns=names).round({"memory (GiB)": 1, "parameters (billions)": 1})
+def defaults_view(defaults: pd.DataFrame):
+    """:func:`max_num_seqs_table` as the page shows it (a ``Styler``): the GPU and model by name, memory and size
+    to one decimal, vLLM's ``max_num_seqs`` beside the article's rule and whether they agree. Used in chapter 11
+    (the token budgets are chapter 08's table)."""
+    shown = defaults.assign(gpu=defaults["gpu"].map(lambda g: viz.GPU_NAMES.get(g, g)),
+                            model=defaults["model"].map(lambda m: viz.MODEL_NAMES.get(m, m)),
+                            agrees=np.where(defaults["agrees"], "yes", "no"))
+    one, count = "{:.1f}".format, "{:,}".format
+    return viz.display_table(shown, {"gpu": ("GPU", str), "hbm_gib": ("memory (GiB)", one), "model": ("model", str),
+                                     "params_b": ("parameters (billions)", one),
+                                     "max_num_seqs": ("vLLM's max_num_seqs", count),
+                                     "article_rule": ("the article's rule", count), "agrees": ("agree", str)})

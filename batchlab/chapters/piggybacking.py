@@ -215,14 +215,14 @@ def kind_table(util: pd.DataFrame):
 
     Used in chapter 07: ``util`` is :func:`step_utilisation`; one row per kind, with the number of iterations.
     """
-    cols = {"compute_util": "compute (% of peak)", "bandwidth_util": "bandwidth (% of peak)",
-            "intensity": "intensity (FLOP/byte)", "duration_s": "duration (ms)"}
-    out = util.groupby("kind")[list(cols)].median()
-    out = out.assign(duration_s=out["duration_s"] * 1e3, iterations=util.groupby("kind").size()).rename(columns=cols)
-    out.index.name = "iteration (median)"
-    fmt = {"compute (% of peak)": "{:.0%}", "bandwidth (% of peak)": "{:.0%}", "intensity (FLOP/byte)": "{:,.0f}",
-           "duration (ms)": "{:.1f}", "iterations": "{:,}"}
-    return out.style.format(fmt)
+    out = util.groupby("kind")[["compute_util", "bandwidth_util", "intensity", "duration_s"]].median()
+    out = out.assign(duration_ms=out["duration_s"] * 1e3, iterations=util.groupby("kind").size()).reset_index()
+    pct = "{:.0%}".format
+    return viz.display_table(out, {"kind": ("iteration", str), "compute_util": ("median compute (% of peak)", pct),
+                                   "bandwidth_util": ("median bandwidth (% of peak)", pct),
+                                   "intensity": ("median intensity (FLOP/byte)", "{:,.0f}".format),
+                                   "duration_ms": ("median duration (ms)", "{:.1f}".format),
+                                   "iterations": ("iterations", "{:,}".format)})
 
 
 def prefill_stalls(steps: pd.DataFrame) -> pd.DataFrame:

@@ -135,6 +135,15 @@ def vllm_defaults_table(gpus=("h100-sxm", "h200", "a100-80gb")) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def ttft_axis(df: pd.DataFrame, defaults: dict, capacity: float) -> list[float]:
+    """The p99 TTFT axis (ms) of :func:`two_knobs_chart`: :func:`carrying_domain` of the frontier's runs and the
+    default pair's below ``capacity`` (req/s), the points a reader compares. Used in chapter 08."""
+    under = df[df["rate_req_s"] < capacity]
+    at_default = ((under["max_num_seqs"] == defaults["max_num_seqs"])
+                  & (under["max_num_batched_tokens"] == defaults["max_num_batched_tokens"]))
+    return carrying_domain(under.loc[under["frontier"] | at_default, "p99_ttft_ms"])
+
+
 def carrying_domain(values, pad: float = 1.5) -> list[float]:
     """A log axis's domain that carries ``values``: their span widened by ``pad`` and rounded outward.
 
@@ -200,16 +209,13 @@ def runs_table(df: pd.DataFrame, columns: dict):
     return viz.display_table(df, {col: (header, fmt(col)) for col, header in columns.items()}, na_rep=None)
 
 
-GPU_NAMES = {"h100-sxm": "H100 SXM", "h100-pcie": "H100 PCIe", "h200": "H200", "a100-80gb": "A100 80GB"}
-
-
 def vllm_defaults_style(table: pd.DataFrame):
     """:func:`vllm_defaults_table` with the GPUs' names and headers in words and units (a ``Styler``).
 
     Used in chapter 08. ``table`` may be indexed by ``gpu``.
     """
     table = table if "gpu" in table.columns else table.reset_index()
-    shown = table.assign(gpu=table["gpu"].map(lambda g: GPU_NAMES.get(g, g)))
+    shown = table.assign(gpu=table["gpu"].map(lambda g: viz.GPU_NAMES.get(g, g)))
     count = "{:,.0f}".format
     return viz.display_table(shown, {
         "gpu": ("GPU", str), "hbm_gib": ("HBM (GiB)", "{:.0f}".format),

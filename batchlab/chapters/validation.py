@@ -50,26 +50,32 @@ def set_name(code: str) -> str:
     return SET_NAMES.get(code, code)
 
 
-def efficiency_table(before, after) -> pd.DataFrame:
-    """The calibrated quantities of two cost models side by side, named and in the page's units (ms for times).
+def efficiency_table(before, after):
+    """The calibrated quantities of two cost models side by side, named and in the page's units (a ``Styler``).
 
     Used in chapter 10: ``before`` has the starting values (:data:`batchlab.calibrate.START`), ``after`` the
-    calibrated ones. A quantity the starting model leaves out (the elementwise term) reads "none".
+    calibrated ones; times in ms. A quantity the starting model leaves out (the elementwise term) reads "none".
     """
-    rows = {}
-    for field, (name, scale) in EFFICIENCY_NAMES.items():
-        rows[name] = [("none" if getattr(m, field) is None or np.isnan(getattr(m, field))
-                       else f"{getattr(m, field) * scale:.3g}") for m in (before, after)]
-    return pd.DataFrame.from_dict(rows, orient="index", columns=["starting", "calibrated"]).rename_axis("quantity")
+    def shown(model, field, scale):
+        value = getattr(model, field)
+        return "none" if value is None or np.isnan(value) else f"{value * scale:.3g}"
+
+    rows = [{"quantity": name, "starting": shown(before, field, scale), "calibrated": shown(after, field, scale)}
+            for field, (name, scale) in EFFICIENCY_NAMES.items()]
+    return viz.display_table(pd.DataFrame(rows), {c: (c, str) for c in ("quantity", "starting", "calibrated")})
 
 
-def case_counts(cases: pd.DataFrame) -> pd.DataFrame:
-    """Cases per measured set and by how the calibration used them (fitted, ridge, held out). Used in chapter 10."""
+def case_counts(cases: pd.DataFrame):
+    """Cases per measured set and by how the calibration used them (fitted, ridge, held out), a ``Styler``.
+
+    Used in chapter 10.
+    """
     after = cases[cases["stage"] == "after"]
     table = after.groupby(["set", "group"], sort=False).size().unstack(fill_value=0)
-    table = table[[g for g in ("fit", "ridge", "held out") if g in table.columns]]
-    table.index = [set_name(s) for s in table.index]
-    return table.rename_axis("measured set").rename_axis(columns=None)
+    groups = [g for g in ("fit", "ridge", "held out") if g in table.columns]
+    table = table[groups].reset_index()
+    table["set"] = table["set"].map(set_name)
+    return viz.display_table(table, {"set": ("measured set", str), **{g: (g, "{:,}".format) for g in groups}})
 
 
 PARITY_DESCRIPTORS = ("model", "op", "geometry", "tp", "workers", "tokens", "batch", "kv_len", "m", "k", "n",
@@ -448,13 +454,15 @@ def e2e_parity_chart(table: pd.DataFrame, band: float = 0.15, size: int = 230):
         x="independent", y="independent")
 
 
-def e2e_error_table(errors: pd.DataFrame) -> pd.DataFrame:
-    """:func:`batchlab.validate.error_summary` as the reader reads it: one row per set and metric, errors in %."""
-    out = errors.assign(metric=errors["metric"].map({"ttft": "TTFT", "tpot": "TPOT", "e2e": "E2E"}))
-    out = out.rename(columns={"set": "runs from", "runs": "runs", "median_abs_error": "median |error|",
-                              "worst_abs_error": "worst |error|", "median_error": "median error (signed)",
-                              "worst_run_id": "worst run"})
-    return out
+def e2e_error_table(errors: pd.DataFrame):
+    """:func:`batchlab.validate.error_summary` as the reader reads it (a ``Styler``): one row per set and metric,
+    errors in %. Used in chapter 10; the worst run of each row is named in the prose, not here."""
+    shown = errors.assign(metric=errors["metric"].map({"ttft": "TTFT", "tpot": "TPOT", "e2e": "E2E"}))
+    pct = "{:.1%}".format
+    return viz.display_table(shown, {"set": ("runs from", str), "metric": ("metric", str),
+                                     "runs": ("runs", "{:,}".format), "median_abs_error": ("median |error|", pct),
+                                     "worst_abs_error": ("worst |error|", pct),
+                                     "median_error": ("median error (signed)", "{:+.1%}".format)})
 
 
 def ablation_table(ablations: pd.DataFrame) -> pd.DataFrame:
@@ -465,6 +473,23 @@ def ablation_table(ablations: pd.DataFrame) -> pd.DataFrame:
     table.index = ["nothing (the full model)" if m == "none" else m for m in table.index]
     table.index.name = "switched off"
     return table
+
+
+def ablation_style(ablations: pd.DataFrame):
+    """:func:`ablation_table` as the page shows it (a ``Styler``): the mechanism switched off, then the median
+    |error| of TTFT, TPOT and E2E in %. Used in chapter 10."""
+    table = ablation_table(ablations).reset_index()
+    pct = "{:.1%}".format
+    return viz.display_table(table, {"switched off": ("switched off", str),
+                                     **{m: (f"{m} median |error|", pct) for m in ("TTFT", "TPOT", "E2E")}})
+
+
+def comparison_style(compare: pd.DataFrame):
+    """:func:`published_comparison` as the page shows it (a ``Styler``). Used in chapter 10."""
+    one = "{:,.1f}".format
+    return viz.display_table(compare, {"figure": ("figure", str), "condition": ("condition", str),
+                                       "published": ("published", one), "predicted": ("predicted", one),
+                                       "ratio": ("predicted / published", "{:.2f}".format)})
 
 
 def e2e_headline(e2e: pd.DataFrame, errors: pd.DataFrame) -> dict:
@@ -493,25 +518,30 @@ def e2e_headline(e2e: pd.DataFrame, errors: pd.DataFrame) -> dict:
     return out
 
 
-def error_table(errors: pd.DataFrame) -> pd.DataFrame:
-    """:func:`validation_frames`' error table as the page shows it: five narrow columns, errors in %.
+def error_table(errors: pd.DataFrame):
+    """:func:`validation_frames`' error table as the page shows it (a ``Styler``): five narrow columns, errors in %.
 
     Used in chapter 10. One row per measured set: ``measured set``, ``cases``, ``median, starting (%)``,
     ``median, calibrated (%)``, ``worst, calibrated (%)``; diagnostic sets (kernels vLLM does not run, priced
     with the BF16 defaults) are marked with "(diagnostic)" after their name.
     """
     name = errors["set"].map(set_name) + np.where(errors["diagnostic"], " (diagnostic)", "")
-    return pd.DataFrame({"measured set": name, "cases": errors["cases"],
-                         "median, starting (%)": errors["median_rel_err_before"] * 100,
-                         "median, calibrated (%)": errors["median_rel_err_after"] * 100,
-                         "worst, calibrated (%)": errors["worst_rel_err_after"] * 100})
+    table = pd.DataFrame({"name": name, "cases": errors["cases"], "before": errors["median_rel_err_before"] * 100,
+                          "after": errors["median_rel_err_after"] * 100,
+                          "worst": errors["worst_rel_err_after"] * 100})
+    pct = "{:.1f}".format
+    return viz.display_table(table, {"name": ("measured set", str), "cases": ("cases", "{:,}".format),
+                                     "before": ("median, starting (%)", pct),
+                                     "after": ("median, calibrated (%)", pct), "worst": ("worst, calibrated (%)", pct)})
 
 
-def runs_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """:func:`vllm_v060_runs`' runs as the page shows them: the lengths, the rate and the three figures the
-    post publishes, with units in the headers. Used in chapter 10; an infinite rate reads "all at once"."""
+def runs_table(runs: pd.DataFrame):
+    """:func:`vllm_v060_runs`' runs as the page shows them (a ``Styler``): the lengths, the rate and the three
+    figures the post publishes, with units in the headers. Used in chapter 10; an infinite rate reads "all at
+    once"."""
     rate = runs["rate_req_s"].map(lambda r: "all at once" if np.isinf(r) else f"{r:g}")
-    return pd.DataFrame({"lengths": runs["lengths"], "rate (req/s)": rate,
-                         "throughput (req/s)": runs["request_throughput"],
-                         "mean ttft (ms)": runs["mean_ttft_ms"], "mean tpot (ms)": runs["mean_tpot_ms"],
-                         "preemptions": runs["preemptions"]})
+    one = "{:,.1f}".format
+    return viz.display_table(runs.assign(rate=rate), {
+        "lengths": ("lengths", str), "rate": ("rate (req/s)", str), "request_throughput": ("throughput (req/s)", one),
+        "mean_ttft_ms": ("mean TTFT (ms)", one), "mean_tpot_ms": ("mean TPOT (ms)", one),
+        "preemptions": ("preemptions", "{:,}".format)})

@@ -38,6 +38,8 @@ CHART_CSS = """.batchlab-chart, .batchlab-chart.vega-embed { display: block; max
 div.math { max-width: 100%; overflow-x: auto; overflow-y: hidden; }
 .cell_output table, div.output table { display: block; max-width: 100%; overflow-x: auto; }
 :is(h1, h2, h3) code, :is(h1, h2, h3) code span.pre { overflow-wrap: anywhere; white-space: normal; }
+table code, table code span.pre { overflow-wrap: anywhere; white-space: normal; }
+.prev-next-area a code, .prev-next-area a code span.pre { overflow-wrap: anywhere; white-space: normal; }
 """
 logger = logging.getLogger(__name__)
 

@@ -144,6 +144,14 @@ def test_two_knobs_chart_clamps_the_ttft_axis_and_marks_what_lies_beyond(df):
     assert whole["shape"]["scale"]["domain"] == list(chapter.TWO_KNOB_KINDS)  # nothing off the axis: no legend entry
 
 
+def test_ttft_axis_carries_the_frontier_and_the_default_below_capacity():
+    df = pd.DataFrame({"rate_req_s": [1.0, 1.0, 1.0, 9.0], "max_num_seqs": [8, 16, 32, 32],
+                       "max_num_batched_tokens": [512, 512, 2048, 2048], "frontier": [True, False, False, True],
+                       "p99_ttft_ms": [236.0, 5000.0, 422.0, 90000.0]})
+    # the frontier (236) and the default (422) below capacity; not the dominated run, not the overloaded one
+    assert chapter.ttft_axis(df, {"max_num_seqs": 32, "max_num_batched_tokens": 2048}, 5.0) == [150.0, 700.0]
+
+
 def test_carrying_domain_rounds_outward():
     assert chapter.carrying_domain([236.0, 422.0]) == [150.0, 700.0]  # 157 -> 150, 633 -> 700
     assert chapter.carrying_domain([100.0], pad=1.0) == [100.0, 100.0]

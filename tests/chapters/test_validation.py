@@ -205,7 +205,7 @@ def test_e2e_headline_and_parity_frame_read_the_replay():
 
 def test_error_table_is_narrow_with_units(frames):
     _, errors = frames
-    table = chapter.error_table(errors)
+    table = chapter.error_table(errors).data
     assert table.columns.tolist() == ["measured set", "cases", "median, starting (%)", "median, calibrated (%)",
                                       "worst, calibrated (%)"]
     np.testing.assert_allclose(table["median, calibrated (%)"], errors["median_rel_err_after"] * 100)
@@ -216,21 +216,37 @@ def test_error_table_is_narrow_with_units(frames):
 
 
 def test_efficiency_and_case_tables_name_what_they_show(frames, costs):
-    table = chapter.efficiency_table(*costs)
+    table = chapter.efficiency_table(*costs).data.set_index("quantity")
     assert table.loc["per-step overhead (ms)", "starting"] == "1"  # 1 ms, shown in ms
     assert table.loc["elementwise share of HBM bandwidth", "starting"] == "none"
     assert not any("_" in name for name in table.index)
     cases, _ = frames
-    counts = chapter.case_counts(cases)
+    counts = chapter.case_counts(cases).data.set_index("measured set")
     assert counts.columns.tolist() == ["fit", "ridge", "held out"]
     assert counts.to_numpy().sum() == (cases["stage"] == "after").sum()
     assert counts.loc["all-reduce (NCCL)"].sum() == ((cases["stage"] == "after") & (cases["set"] == "allreduce")).sum()
 
 
+def test_e2e_ablation_and_comparison_tables_read_in_percent(frames):
+    errors = pd.DataFrame({"set": ["all"], "metric": ["ttft"], "runs": [206], "median_abs_error": [0.197],
+                           "worst_abs_error": [3.72], "median_error": [-0.029], "worst_run_id": ["x"]})
+    html = chapter.e2e_error_table(errors).to_html()
+    assert "19.7%" in html and "372.0%" in html and "-2.9%" in html and "TTFT" in html and "worst_run" not in html
+    ablations = pd.DataFrame({"mechanism": ["none", "none", "none", "async scheduling", "async scheduling",
+                                            "async scheduling"], "metric": ["ttft", "tpot", "e2e"] * 2,
+                              "median_abs_error": [0.197, 0.075, 0.066, 0.306, 0.068, 0.06]})
+    shown = chapter.ablation_style(ablations)
+    assert shown.data["switched off"].tolist() == ["nothing (the full model)", "async scheduling"]
+    assert "30.6%" in shown.to_html()
+    compare = pd.DataFrame({"figure": ["f"], "condition": ["c"], "published": [36.9], "predicted": [55.3],
+                            "ratio": [55.3 / 36.9]})
+    assert "1.50" in chapter.comparison_style(compare).to_html()
+
+
 def test_runs_table_reads_an_infinite_rate_as_all_at_once():
     runs = pd.DataFrame({"lengths": ["blog", "blog"], "rate_req_s": [np.inf, 2.0], "request_throughput": [20.0, 2.0],
                          "mean_ttft_ms": [900.0, 30.0], "mean_tpot_ms": [40.0, 8.0], "preemptions": [0, 0]})
-    table = chapter.runs_table(runs)
+    table = chapter.runs_table(runs).data
     assert table["rate (req/s)"].tolist() == ["all at once", "2"]
-    assert table.columns.tolist() == ["lengths", "rate (req/s)", "throughput (req/s)", "mean ttft (ms)",
-                                      "mean tpot (ms)", "preemptions"]
+    assert table.columns.tolist() == ["lengths", "rate (req/s)", "throughput (req/s)", "mean TTFT (ms)",
+                                      "mean TPOT (ms)", "preemptions"]
