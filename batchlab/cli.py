@@ -190,6 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
     tune = sub.add_parser("tune", help="search max_num_seqs x max_num_batched_tokens for the largest goodput",
                           description="Search max_num_seqs x max_num_batched_tokens for the largest request "
                           "goodput under an SLO; print the best setting, vLLM's defaults and the frontier. "
+                          "Goodputs within 1% of the largest tie; the tie goes to the setting (with at least "
+                          "the defaults' goodput) with the smallest SLO load, the largest P99 / bound. "
                           "--max-num-seqs N (or --max-num-batched-tokens, --long-prefill-token-threshold) fixes "
                           "that knob instead of searching it.")
     _common_flags(tune)
@@ -505,16 +507,19 @@ def print_tuning(found, slo, n_configs: int, n_refused: int) -> None:
         print(num("P99 TTFT (ms):", point["p99_ttft_ms"]))
         print(num("P99 TPOT (ms):", point["p99_tpot_ms"]))
         print(line(f"SLO met at {pct}:", "yes" if point["slo_met"] else "no"))
+        print(num(f"SLO load ({pct} / bound, largest):", point["slo_load"]))
     print(line("Gain (best / defaults goodput):", _gain_text(found.gain)))
     print("{s:{c}^{n}}".format(s="Frontier: goodput vs P99 TTFT", n=50, c="-"))
     cols = [k for k in ("max_num_seqs", "max_num_batched_tokens", "long_prefill_token_threshold")
             if k in found.frontier.columns]
     heads = {"max_num_seqs": "seqs", "max_num_batched_tokens": "tokens", "long_prefill_token_threshold": "lp_thr"}
-    print(" ".join(f"{heads[c]:>7}" for c in cols) + f" {'goodput':>9} {'p99 ttft':>9} {'p99 tpot':>9}  slo")
+    print(" ".join(f"{heads[c]:>7}" for c in cols) + f" {'goodput':>9} {'p99 ttft':>9} {'p99 tpot':>9} "
+          f"{'slo load':>9}  slo")
     print(" ".join(f"{'':>7}" for _ in cols) + f" {'(req/s)':>9} {'(ms)':>9} {'(ms)':>9}")
     for _, row in found.frontier.sort_values("p99_ttft_ms", kind="mergesort").iterrows():
         print(" ".join(f"{int(row[c]):>7}" for c in cols) + f" {row['request_goodput']:>9.2f} "
-              f"{row['p99_ttft_ms']:>9.2f} {row['p99_tpot_ms']:>9.2f}  {'yes' if row['slo_met'] else 'no'}")
+              f"{row['p99_ttft_ms']:>9.2f} {row['p99_tpot_ms']:>9.2f} {row['slo_load']:>9.3f}  "
+              f"{'yes' if row['slo_met'] else 'no'}")
     print("=" * 50)
 
 

@@ -106,6 +106,12 @@ def test_tune_on_a_small_grid_prints_best_defaults_frontier_and_saves_them(tmp_p
     assert saved["gain"] == pytest.approx(saved["best"]["request_goodput"] / saved["defaults"]["request_goodput"])
     assert len(saved["table"]) == 10 and 1 <= len(saved["frontier"]) <= 9
     assert f"{saved['best']['request_goodput']:.2f}" in proc.stdout
+    # the tie rule's measure, printed and saved: the largest p99 / bound
+    for point in (saved["best"], saved["defaults"]):
+        assert point["slo_load"] == pytest.approx(max(point["p99_ttft_ms"] / 500, point["p99_tpot_ms"] / 50))
+    loads = [line.split()[-1] for line in proc.stdout.splitlines() if line.startswith("SLO load (P99 / bound")]
+    assert loads == [f"{saved['best']['slo_load']:.2f}", f"{saved['defaults']['slo_load']:.2f}"]
+    assert "slo load" in proc.stdout and all("slo_load" in row for row in saved["table"] + saved["frontier"])
 
 
 def test_tune_bad_goodput():
