@@ -46,7 +46,6 @@ WIDTHS = (1280, 400)  # a laptop window and a phone: every chart must fit the te
 SLIDER_PAGES = {
     "notebooks/01_static_batching": 1,
     "notebooks/02_dynamic_batching": 1,  # max queue delay (the latency metric is a select box)
-    "notebooks/03_continuous_batching": 1,  # the highlighted request
 }
 # Page -> how many radio groups bound to its charts: grids encoded as log2 or an index, labelled with the value
 # in tokens or sequences (viz.grid_param's labels). Picking another button in each must redraw its chart.
@@ -392,6 +391,7 @@ def test_every_bound_radio_group_redraws_its_chart(visit):
 
 # Page -> how many select boxes bound to its charts; choosing another option in each must redraw its chart.
 SELECT_PAGES = {
+    "notebooks/03_continuous_batching": 1,  # the highlighted request (none, or request 0, 1, ...)
     "notebooks/05_prefill_spike": 2,  # model and scheduler order
     "notebooks/10_validation": 1,
 }

@@ -167,12 +167,14 @@ def _gantt_encoding() -> dict:
 
 
 def _gantt_layers(df: pd.DataFrame, facet: str, highlight: bool, last_end: bool):
-    """:func:`gantt_chart` with a request-highlight slider and/or the last end of each panel marked."""
+    """:func:`gantt_chart` with a request-highlight select box (no request, or request 0, 1, ...) and/or the
+    last end of each panel marked."""
     enc = _gantt_encoding()
     params = []
     if highlight:
         ids = np.unique(df["request"])
-        param, _ = viz.grid_param("request", np.arange(-1, ids.max() + 1), "highlight request (-1: none)", value=-1)
+        param, _ = viz.grid_param("request", np.arange(-1, ids.max() + 1), "highlight", value=-1,
+                                  labels=lambda r: "no request" if r < 0 else f"request {r:.0f}")
         enc["opacity"] = alt.when("request < 0 || datum.request == request").then(alt.value(1.0)).otherwise(
             alt.value(0.2))
         params.append(param)

@@ -37,6 +37,29 @@ def prefill_gap(cost, prompt_tokens: int, decoders: int = 0, context: int = 0, a
             "bound": br.bound}
 
 
+def prefill_arithmetic(cost, prompt_tokens: int) -> dict:
+    """The shortest a whole-prompt prefill can take on ``cost``'s GPU, term by term (the pure roofline).
+
+    Used in chapters 05 and 11. The GEMMs do 2 P' N FLOPs (every parameter a token multiplies, the embedding
+    table and LM head aside), causal attention adds the rest of the step's FLOPs but the LM head's, which runs on
+    the one row that samples and is charged by streaming its weights.
+
+    Returns
+    -------
+    dict
+        ``gemm_flop``, ``attn_flop`` (FLOP), ``lm_head_s``, ``gemm_s`` (the GEMMs alone at the dtype's peak),
+        ``ideal_s`` (the whole prefill at 100 % of peak and bandwidth: ``cost.ideal().prefill_time``), ``flops``
+        (the step's FLOP) and ``peak_flops`` (FLOP/s).
+    """
+    ideal = cost.ideal()
+    br = ideal.step_breakdown(prefill_chunks=[(prompt_tokens, 0)])
+    gemm = 2 * cost.model.body_params * prompt_tokens
+    lm = 2 * cost.model.embedding_params  # the LM head's FLOP on the one sampled row
+    return {"gemm_flop": gemm, "attn_flop": br.flops - gemm - lm, "lm_head_s": br.lm_head_s,
+            "gemm_s": gemm / cost.peak_flops, "ideal_s": ideal.prefill_time(prompt_tokens), "flops": br.flops,
+            "peak_flops": cost.peak_flops}
+
+
 def implied_mfu(cost, prompt_tokens: int, gap_s: float, decoders: int = 0, context: int = 0) -> float:
     """The model FLOPs utilisation at which that prefill step would take exactly ``gap_s`` seconds.
 

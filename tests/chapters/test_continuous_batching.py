@@ -1,5 +1,5 @@
 """Chapter 03 (continuous batching): one stream under three policies with the same slots, slot-use closed forms,
-and the charts' specs (the Gantt chart with its request slider and last-end rule, the occupancy panels)."""
+and the charts' specs (the Gantt chart with its request select box and last-end rule, the occupancy panels)."""
 from __future__ import annotations
 
 import numpy as np
@@ -97,8 +97,9 @@ def test_gantt_chart_with_highlight_and_last_end(gantt):
     assert spec["facet"]["row"]["sort"] == ["static", "dynamic", "continuous"]  # the order the runs came in
     (param,) = spec["params"]
     assert param["name"] == "request" and param["value"] == -1
-    assert param["bind"] == {"input": "range", "min": -1.0, "max": 11.0, "step": 1.0,
-                             "name": "highlight request (-1: none)"}
+    bind = param["bind"]
+    assert bind["input"] == "select" and bind["name"] == "highlight" and bind["options"][0] == -1.0
+    assert bind["labels"][:2] == ["no request", "request 0"] and len(bind["labels"]) == len(bind["options"]) == 13
     bars, rule, text = spec["spec"]["layer"]
     assert bars["mark"]["type"] == "bar" and bars["encoding"]["x2"]["field"] == "end_s"
     assert bars["encoding"]["color"]["scale"]["domain"] == list(viz.PHASES)

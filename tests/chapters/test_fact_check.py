@@ -31,6 +31,17 @@ def test_prefill_gap_closed_forms(cost8b, cost70b_fp8, h100):
     assert calibrated["step_s"] > ideal["step_s"] and 0 < calibrated["mfu"] < 1
 
 
+def test_prefill_arithmetic_closed_forms(cost8b, cost70b_fp8):
+    a = chapter.prefill_arithmetic(cost8b, 8000)
+    assert a["gemm_flop"] == 2 * cost8b.model.body_params * 8000
+    assert a["gemm_s"] == pytest.approx(0.113, abs=0.5e-3)  # 2 P'N / F: 113 ms of GEMMs on one H100 SXM
+    assert a["ideal_s"] == pytest.approx(0.130, abs=0.5e-3)  # + 17 ms of attention and the LM head
+    assert a["flops"] == pytest.approx(a["gemm_flop"] + a["attn_flop"] + 2 * cost8b.model.embedding_params)
+    big = chapter.prefill_arithmetic(cost70b_fp8, 8000)
+    assert big["peak_flops"] == cost70b_fp8.hardware.flops_fp8
+    assert 0.552 < big["gemm_s"] < 0.554 and 0.596 < big["ideal_s"] < 0.597  # 553 ms of GEMMs, 596 ms in all
+
+
 def test_implied_mfu(cost8b, cost70b_fp8):
     assert chapter.implied_mfu(cost70b_fp8.ideal(), 8000, 0.400) > 1  # impossible on one H100
     # The shared scene's 116 decoders at 2,048 tokens (scenes.default_decoders): a 400 ms gap is 33 % MFU.
