@@ -19,7 +19,6 @@ Where the bytes come from:
 """
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 from typing import NamedTuple
@@ -27,6 +26,7 @@ from typing import NamedTuple
 import pooch
 import requests
 
+from . import _validate
 from .workload import Requests, read_trace
 
 ENV_VAR = "BATCHLAB_DATA_DIR"
@@ -85,7 +85,7 @@ def _cache_dir() -> Path:
 
 
 def _info(name: str) -> TraceFile:
-    if name not in _TRACES:
+    if not isinstance(name, str) or name not in _TRACES:
         raise ValueError(f"dataset must be one of {dataset_names()}, got {name!r}")
     return _TRACES[name]
 
@@ -172,11 +172,9 @@ def replay(name: str, speedup: float = 1.0, limit: int | None = None) -> Request
         milliseconds (on a grid of about 3 s: requests come in groups).
     """
     info = _info(name)
-    if not (isinstance(speedup, (int, float)) and not isinstance(speedup, bool)
-            and speedup > 0 and math.isfinite(speedup)):
-        raise ValueError(f"speedup must be a finite number > 0, got {speedup!r}")
-    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
-        raise ValueError(f"limit must be None or an integer >= 1, got {limit!r}")
+    speedup = _validate.real("speedup", speedup, 0, low_open=True, allowed="a finite number > 0")
+    if limit is not None:
+        limit = _validate.integer("limit", limit, 1, 2**62)
     reqs = read_trace(fetch(name), info.arrival, info.prompt, info.output, info.time_unit, info.prefix_blocks,
                       info.prefix_block_tokens)
     if limit is not None:

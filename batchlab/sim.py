@@ -5,9 +5,9 @@ This module validates the knobs, fills in vLLM's defaults and calls the jitted l
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
+
+from . import _validate
 
 from ._kernels import (POLICIES, RULE_ASYNC, RULE_CHUNKING, RULE_PREFIX_CACHE, RULE_RESERVE_FULL, RULE_STOP_UNFIT,
                        RULE_THRESHOLD_ALONE, STATUS_OK, simulate_kernel)
@@ -89,21 +89,16 @@ _CHUNKED_SWITCHES = {  # vLLM 0.33's name -> the kernel's rule bit; each on by d
 
 
 def _int_knob(name, value, low, high=2**40):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not low <= value <= high:
-        raise ValueError(f"{name} must be an integer from {low} to {high}, got {value!r}")
-    return int(value)
+    return _validate.integer(name, value, low, high)
 
 
 def _bool_knob(name, value, default: bool) -> bool:
-    if value is None:
-        return default
-    if not isinstance(value, (bool, np.bool_)):
-        raise ValueError(f"{name} must be True or False, got {value!r}")
-    return bool(value)
+    return _validate.flag(name, value, default)
 
 
 def _resolve_knobs(cost, policy, given, block_size, gpu_memory_utilization, num_kv_blocks) -> dict:
     """Every knob ``policy`` uses, validated, with batchlab's (vLLM's) defaults filled in."""
+    gpu_memory_utilization = _validate.real("gpu_memory_utilization", gpu_memory_utilization, 0, 1, low_open=True)
     for knob, value in given.items():
         if value is not None and policy not in _KNOB_POLICIES[knob]:
             raise ValueError(f"{knob} applies to policy {' or '.join(_KNOB_POLICIES[knob])}, not {policy!r}")
@@ -114,9 +109,7 @@ def _resolve_knobs(cost, policy, given, block_size, gpu_memory_utilization, num_
         knobs["batch_size"] = _int_knob("batch_size", 32 if batch_size is None else batch_size, 1)
         if policy == "dynamic":
             delay = 0.05 if given["max_queue_delay_s"] is None else given["max_queue_delay_s"]
-            if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not (0 <= delay < math.inf):
-                raise ValueError(f"max_queue_delay_s must be finite seconds >= 0, got {delay!r}")
-            knobs["max_queue_delay_s"] = float(delay)
+            knobs["max_queue_delay_s"] = _validate.real("max_queue_delay_s", delay, 0, allowed="finite seconds >= 0")
     else:
         _iteration_knobs(knobs, cost, policy, given, defaults)
     knobs["num_kv_blocks"] = _pool(cost, knobs, defaults, gpu_memory_utilization, num_kv_blocks)
@@ -180,6 +173,25 @@ def _check_chunked(knobs) -> None:
         raise ValueError(f"the KV pool ({usable} blocks of {knobs['block_size']} tokens) cannot hold one request of "
                          f"max_model_len={max_model_len} tokens ({need} blocks), so vLLM would refuse to start; lower "
                          f"max_model_len or give the cache more memory (gpu_memory_utilization, num_kv_blocks)")
+
+
+def _check_int64(requests, policy, knobs) -> None:
+    """Refuse the inputs whose kernel arithmetic could leave int64.
+
+    Requests bound every prompt and output to 2**40 tokens and a stream's tokens to 2**62. The one product that
+    can still grow past 2**63 is a lockstep batch's prefill work, b p_max^2 (static, dynamic): the KV pool of
+    ``C = usable blocks x block_size`` tokens admits a batch only if b p_max <= C, and a prompt only if p <= C, so
+    b p_max^2 <= C min(max prompt, C), checked here in Python integers. With vLLM's pools (C of a few million
+    tokens) it always holds; only a hand-set ``num_kv_blocks`` in the billions can break it.
+    """
+    if policy not in ("static", "dynamic"):
+        return  # the iteration loop's attention work is float64; its integer sums are bounded by the pool
+    capacity = (knobs["num_kv_blocks"] - 1) * knobs["block_size"]
+    worst = capacity * min(int(requests.prompt_tokens.max()), capacity)
+    if worst > _validate.INT64_MAX:
+        raise ValueError(f"num_kv_blocks={knobs['num_kv_blocks']} of block_size={knobs['block_size']} with prompts of "
+                         f"up to {int(requests.prompt_tokens.max())} tokens lets a {policy} batch's prefill work "
+                         f"(b x p_max^2 <= {worst:.3g}) pass 2**63; lower num_kv_blocks or the prompts")
 
 
 def simulate(requests, policy: str, cost, *, batch_size=None, max_queue_delay_s=None, max_num_seqs=None,
@@ -247,11 +259,23 @@ def simulate(requests, policy: str, cost, *, batch_size=None, max_queue_delay_s=
     Returns
     -------
     SimResult
+
+    Raises
+    ------
+    ValueError
+        A bad knob or argument, naming it, its value and the allowed range.
+
+    Notes
+    -----
+    Bounds that keep the kernel's int64 arithmetic exact for every accepted input: token counts of 1 to 2**40
+    per prompt and per output and at most 2**62 per stream (checked by :class:`Requests`); integer knobs up to
+    2**40 (``block_size`` up to 2**16); and for ``static`` and ``dynamic``, (usable KV blocks x ``block_size``)
+    x min(longest prompt, that capacity) below 2**63, which bounds a lockstep batch's prefill work b p_max^2.
+    Every other sum the loop keeps is bounded by the KV pool or computed in float64.
     """
     if not isinstance(requests, Requests):
-        raise ValueError("requests must be a batchlab.Requests")
-    if policy not in POLICIES:
-        raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+        raise ValueError(f"requests must be a batchlab.Requests, got {type(requests).__name__}")
+    _validate.choice("policy", policy, POLICIES)
     if not isinstance(cost, CostModel):
         raise ValueError("cost must be a batchlab.CostModel")
     given = {
@@ -263,6 +287,7 @@ def simulate(requests, policy: str, cost, *, batch_size=None, max_queue_delay_s=
         "max_model_len": max_model_len, "max_concurrency": max_concurrency,
     }
     knobs = _resolve_knobs(cost, policy, given, block_size, gpu_memory_utilization, num_kv_blocks)
+    _check_int64(requests, policy, knobs)
     record = _bool_knob("record_schedule", record_schedule, False)
     record_tokens = _bool_knob("record_tokens", record_tokens, True)
     output = requests.output_tokens

@@ -14,7 +14,9 @@ from functools import cache
 import numpy as np
 import pandas as pd
 
+from . import _validate as v
 from ._data import DATA_DIR
+from ._validate import MAX_ARRIVAL_S, MAX_STREAM_TOKENS, MAX_TOKENS
 
 
 def _rng(seed) -> np.random.Generator:
@@ -23,22 +25,6 @@ def _rng(seed) -> np.random.Generator:
     if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool) and seed >= 0:
         return np.random.default_rng(int(seed))
     raise ValueError(f"seed must be an integer >= 0 or a numpy.random.Generator, got {seed!r}")
-
-
-def _token_array(values, field: str) -> np.ndarray:
-    a = np.asarray(values)
-    if a.ndim != 1:
-        raise ValueError(f"{field} must be a one-dimensional array of token counts")
-    if a.dtype.kind == "b" or a.dtype.kind not in "iuf":
-        raise ValueError(f"{field} must hold whole numbers >= 1, got dtype {a.dtype}")
-    if a.dtype.kind == "f":
-        if not np.isfinite(a).all():
-            raise ValueError(f"{field} must be finite whole numbers >= 1 (found NaN or inf)")
-        if (a != np.round(a)).any():
-            raise ValueError(f"{field} must be whole numbers >= 1 (found a fraction)")
-    if a.size and a.min() < 1:
-        raise ValueError(f"{field} must be whole numbers >= 1 (found {a.min()})")
-    return a.astype(np.int64)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -52,6 +38,13 @@ class Requests:
     prompt's tail); ids may go on past the prompt into the blocks its output fills, so that a multi-turn chat's
     next prompt, which holds this answer, can find it cached. Stored flat: ``prefix_ids`` and ``prefix_offsets``
     (request i's ids are ``prefix_ids[prefix_offsets[i]:prefix_offsets[i + 1]]``).
+
+    Bounds (each a ``ValueError`` naming the field when broken): every prompt and output holds 1 to 2**40
+    (``MAX_TOKENS``, about 1.1e12) tokens, checked before the cast to int64 so nothing wraps; the prompt and output
+    tokens of the whole stream sum to at most 2**62 (``MAX_STREAM_TOKENS``), so the kernel's running token sums
+    fit in int64; arrivals are seconds since the stream began, 0 to 1e8 (``MAX_ARRIVAL_S``, about 3 years).
+    ``datetime64`` arrays, ``datetime`` and ``pandas.Timestamp`` values are converted to seconds since the
+    first of them; epoch-like numbers (1.7e9 s, 1.7e18 ns) are refused with a message saying to pass seconds.
     """
 
     arrival_s: np.ndarray  # seconds since the stream began, non-decreasing, float64
@@ -61,17 +54,11 @@ class Requests:
     prefix_block_tokens: int = 16  # tokens per prefix id
 
     def __post_init__(self):
-        arrival = np.array(self.arrival_s, dtype=np.float64)
-        if arrival.ndim != 1:
-            raise ValueError("arrival_s must be a one-dimensional array of seconds")
-        if not np.isfinite(arrival).all():
-            raise ValueError("arrival_s must be finite seconds >= 0 (found NaN or inf)")
-        if arrival.size and arrival.min() < 0:
-            raise ValueError("arrival_s must be seconds >= 0")
+        arrival = v.arrival_array(self.arrival_s)
         if (np.diff(arrival) < 0).any():
             raise ValueError("arrival_s must be sorted (non-decreasing); sort the stream by arrival first")
-        prompt = _token_array(self.prompt_tokens, "prompt_tokens")
-        output = _token_array(self.output_tokens, "output_tokens")
+        prompt = v.token_array(self.prompt_tokens, "prompt_tokens")
+        output = v.token_array(self.output_tokens, "output_tokens")
         if not (arrival.size == prompt.size == output.size):
             raise ValueError(
                 f"arrival_s, prompt_tokens and output_tokens must have one length, got "
@@ -79,6 +66,10 @@ class Requests:
             )
         if arrival.size == 0:
             raise ValueError("a request stream needs at least one request")
+        total = int(prompt.sum(dtype=np.float64) + output.sum(dtype=np.float64))  # float: the sum itself cannot wrap
+        if total > MAX_STREAM_TOKENS:
+            raise ValueError(f"prompt_tokens and output_tokens of the stream must sum to at most 2**62 "
+                             f"({MAX_STREAM_TOKENS:.3g}) tokens, got {total:.3g}; split the stream")
         for name, a in (("arrival_s", arrival), ("prompt_tokens", prompt), ("output_tokens", output)):
             a = np.array(a)  # own copy, so freezing it cannot touch the caller's array
             a.flags.writeable = False
@@ -109,7 +100,7 @@ class Requests:
 
     def head(self, n_requests: int) -> Requests:
         """The first ``n_requests`` requests."""
-        k = n_requests
+        k = v.integer("n_requests", n_requests, 1, 2**62)
         return self._select(np.arange(min(k, len(self))), self.arrival_s[:k])
 
     def _select(self, rows: np.ndarray, arrival_s: np.ndarray) -> Requests:
@@ -122,8 +113,7 @@ class Requests:
 
     def scale_time(self, speedup: float) -> Requests:
         """The same stream with arrivals ``speedup`` times faster (rate times ``speedup``)."""
-        if not (speedup > 0 and math.isfinite(speedup)):
-            raise ValueError(f"speedup must be a finite number > 0, got {speedup!r}")
+        speedup = v.real("speedup", speedup, 0, low_open=True, allowed="a finite number > 0")
         return self._select(np.arange(len(self)), self.arrival_s / speedup)
 
 
@@ -171,34 +161,41 @@ def lengths_lognormal(n_requests: int, mean: float, cv: float, seed=0, max_token
     [1, ``max_tokens``].
     """
     _check_count(n_requests)
-    if not (mean >= 1 and math.isfinite(mean)):
-        raise ValueError(f"mean must be a finite number of tokens >= 1, got {mean!r}")
-    if not (cv >= 0 and math.isfinite(cv)):
-        raise ValueError(f"cv must be a finite number >= 0, got {cv!r}")
+    mean = v.real("mean", mean, 1, MAX_TOKENS, allowed=f"a finite number of tokens from 1 to 2**40 ({MAX_TOKENS:,})")
+    cv = v.real("cv", cv, 0, allowed="a finite number >= 0")
+    hi = _max_tokens(max_tokens)
     rng = _rng(seed)
     if cv == 0:
         x = np.full(n_requests, float(mean))
     else:
         sigma2 = math.log1p(cv * cv)
         x = rng.lognormal(math.log(mean) - sigma2 / 2, math.sqrt(sigma2), n_requests)
-    hi = np.inf if max_tokens is None else max_tokens
     return np.clip(np.rint(x), 1, hi).astype(np.int64)
+
+
+def _max_tokens(max_tokens) -> int:
+    """The upper clip of generated lengths: ``max_tokens``, or :data:`MAX_TOKENS` when None."""
+    return MAX_TOKENS if max_tokens is None else v.integer("max_tokens", max_tokens, 1, MAX_TOKENS)
 
 
 def lengths_uniform(n_requests: int, low: int, high: int, seed=0) -> np.ndarray:
     """``n_requests`` token counts uniform on the integers [low, high]."""
     _check_count(n_requests)
-    if not (1 <= low <= high):
-        raise ValueError(f"low and high must satisfy 1 <= low <= high, got {low!r}, {high!r}")
+    low = v.integer("low", low, 1, MAX_TOKENS)
+    high = v.integer("high", high, low, MAX_TOKENS)
     return _rng(seed).integers(low, high + 1, n_requests).astype(np.int64)
 
 
 def lengths_empirical(n_requests: int, quantiles, seed=0) -> np.ndarray:
     """``n_requests`` token counts by inverse CDF from a table of equally spaced quantiles (q0 = min ... q1 = max)."""
     _check_count(n_requests)
-    q = np.asarray(quantiles, dtype=np.float64)
-    if q.ndim != 1 or q.size < 2 or (np.diff(q) < 0).any() or q[0] < 1:
-        raise ValueError("quantiles must be a non-decreasing array of at least two token counts >= 1")
+    q = np.asarray(quantiles)
+    if q.dtype.kind not in "iuf" or q.ndim != 1 or q.size < 2 or not np.isfinite(q).all():
+        raise ValueError(f"quantiles must be a non-decreasing array of at least two token counts from 1 to 2**40, "
+                         f"got {quantiles!r:.80}")
+    q = q.astype(np.float64)
+    if (np.diff(q) < 0).any() or q[0] < 1 or q[-1] > MAX_TOKENS:
+        raise ValueError("quantiles must be a non-decreasing array of at least two token counts from 1 to 2**40")
     u = _rng(seed).random(n_requests)
     grid = np.linspace(0.0, 1.0, q.size)
     return np.clip(np.rint(np.interp(u, grid, q)), 1, None).astype(np.int64)
@@ -213,19 +210,26 @@ def arrivals_gamma(n_requests: int, rate_req_s: float, cv: float = 1.0, seed=0) 
     request at time 0. The first request arrives at 0.
     """
     _check_count(n_requests)
-    if not rate_req_s > 0:
-        raise ValueError(f"rate_req_s must be > 0 requests/s (inf for all at once), got {rate_req_s!r}")
-    if not (cv >= 0 and math.isfinite(cv)):
-        raise ValueError(f"cv must be a finite number >= 0, got {cv!r}")
+    rate_req_s = v.real("rate_req_s", rate_req_s, 0, low_open=True, allow_inf=True,
+                        allowed="a number > 0 requests/s (inf for all at once)")
+    cv = v.real("cv", cv, 0, allowed="a finite number >= 0")
     if math.isinf(rate_req_s):
         return np.zeros(n_requests)
+    if (n_requests - 1) / rate_req_s > MAX_ARRIVAL_S:
+        raise ValueError(f"rate_req_s={rate_req_s!r} req/s spreads {n_requests} requests over "
+                         f"{(n_requests - 1) / rate_req_s:.3g} s on average, past the {MAX_ARRIVAL_S:g} s (about "
+                         f"3 years) a stream may span; raise rate_req_s")
     rng = _rng(seed)
     if cv == 0:
         gaps = np.full(n_requests - 1, 1.0 / rate_req_s)
     else:
         shape = 1.0 / (cv * cv)
         gaps = rng.gamma(shape, 1.0 / (rate_req_s * shape), n_requests - 1)
-    return np.concatenate([[0.0], np.cumsum(gaps)])
+    arrival = np.concatenate([[0.0], np.cumsum(gaps)])
+    if arrival[-1] > MAX_ARRIVAL_S:  # a bursty draw can overshoot the mean span checked above
+        raise ValueError(f"rate_req_s={rate_req_s!r} req/s with cv={cv!r} drew arrivals past {MAX_ARRIVAL_S:g} s; "
+                         f"raise rate_req_s")
+    return arrival
 
 
 def arrivals_poisson(n_requests: int, rate_req_s: float, seed=0) -> np.ndarray:
@@ -289,6 +293,7 @@ def shared_prefix(n_requests: int, n_groups: int, prompts_per_group: int, system
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value <= 2**31:
             raise ValueError(f"{name} must be an integer from 1 to 2**31, got {value!r}")
     _check_count(n_requests)
+    prefix_block_tokens = v.integer("prefix_block_tokens", prefix_block_tokens, 1, 2**20)
     rng = _rng(seed)
     prompt = system_prompt_tokens + question_tokens
     distinct = n_groups * prompts_per_group
@@ -319,8 +324,9 @@ def multi_turn(n_conversations: int, turns: int, system_prompt_tokens: int, user
                         ("output_tokens", output_tokens)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value <= 2**31:
             raise ValueError(f"{name} must be an integer from 1 to 2**31, got {value!r}")
-    if not (isinstance(turn_gap_s, (int, float, np.floating)) and 0 <= turn_gap_s < math.inf):
-        raise ValueError(f"turn_gap_s must be finite seconds >= 0, got {turn_gap_s!r}")
+    turn_gap_s = v.real("turn_gap_s", turn_gap_s, 0, allowed="finite seconds >= 0")
+    shared_system_prompt = v.flag("shared_system_prompt", shared_system_prompt)
+    prefix_block_tokens = v.integer("prefix_block_tokens", prefix_block_tokens, 1, 2**20)
     starts = arrivals_gamma(n_conversations, rate_req_s, 1.0, _rng(seed))
     total = system_prompt_tokens + turns * (user_tokens + output_tokens)
     stride = -(-total // prefix_block_tokens) + 1
@@ -338,8 +344,8 @@ def multi_turn(n_conversations: int, turns: int, system_prompt_tokens: int, user
 
 
 def _check_count(n_requests) -> None:
-    if not isinstance(n_requests, (int, np.integer)) or isinstance(n_requests, bool) or n_requests < 1:
-        raise ValueError(f"n_requests must be an integer >= 1, got {n_requests!r}")
+    if not isinstance(n_requests, (int, np.integer)) or isinstance(n_requests, bool) or not 1 <= n_requests <= 2**31:
+        raise ValueError(f"n_requests must be an integer from 1 to 2**31, got {n_requests!r}")
 
 
 # -- traces --------------------------------------------------------------------------------------
@@ -400,7 +406,7 @@ def preset_names() -> list[str]:
 
 def _preset_row(name: str) -> pd.Series:
     table = _preset_table()
-    if name not in table.index:
+    if not isinstance(name, str) or name not in table.index:
         raise ValueError(f"preset must be one of {list(table.index)}, got {name!r}")
     return table.loc[name]
 
