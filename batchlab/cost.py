@@ -49,6 +49,7 @@ from ._data import DATA_DIR, read_presets
 from .hardware import DTYPES, Hardware
 from .models import BYTES_PER_ELEMENT, ModelSpec
 from . import _kernels as k
+from . import _validate
 from ._kernels import step_cost
 
 ACTIVATION_BYTES = 2  # activations travel between GPUs in BF16
@@ -153,26 +154,24 @@ class CostModel:
             raise ValueError("hardware must be a Hardware (see batchlab.get_hardware)")
         if not isinstance(self.model, ModelSpec):
             raise ValueError("model must be a ModelSpec (see batchlab.get_model)")
+        self.hardware.check()  # again: tuple.__new__ and pickles of old versions skip the constructor's check
+        self.model.check()
         for field in ("dtype", "kv_dtype"):
-            if getattr(self, field) not in DTYPES:
-                raise ValueError(f"{field} must be one of {DTYPES}, got {getattr(self, field)!r}")
-        if not isinstance(self.tp, (int, np.integer)) or isinstance(self.tp, bool) or not 1 <= self.tp <= 8:
-            raise ValueError(f"tp must be an integer from 1 to 8, got {self.tp!r}")
+            _validate.choice(field, getattr(self, field), DTYPES)
+        object.__setattr__(self, "tp", _validate.integer("tp", self.tp, 1, 8))
+        # Fields are stored as Python floats, so np.float32 efficiencies give the same coefficients as floats.
         for field in ("eta_compute", "eta_memory", "eta_attn"):
-            value = getattr(self, field)
-            if not (isinstance(value, (int, float)) and 0 < value <= 1):
-                raise ValueError(f"{field} must be in (0, 1], got {value!r}")
-        value = self.eta_elementwise
-        if value is not None and not (isinstance(value, (int, float)) and 0 < value <= 1):
-            raise ValueError(f"eta_elementwise must be None or in (0, 1], got {value!r}")
-        value = self.cpu_hidden_fraction
-        if isinstance(value, bool) or not (isinstance(value, (int, float)) and 0 <= value <= 1):
-            raise ValueError(f"cpu_hidden_fraction must be in [0, 1], got {value!r}")
+            object.__setattr__(self, field, _validate.real(field, getattr(self, field), 0, 1, low_open=True,
+                                                           allowed="in (0, 1]"))
+        if self.eta_elementwise is not None:
+            object.__setattr__(self, "eta_elementwise", _validate.real(
+                "eta_elementwise", self.eta_elementwise, 0, 1, low_open=True, allowed="None or in (0, 1]"))
+        object.__setattr__(self, "cpu_hidden_fraction", _validate.real(
+            "cpu_hidden_fraction", self.cpu_hidden_fraction, 0, 1, allowed="in [0, 1]"))
         for field in ("overhead_s", "allreduce_latency_s", "request_latency_s", "frontend_s_per_token", "cpu_step_s",
                       "cpu_seq_s"):
-            value = getattr(self, field)
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-                raise ValueError(f"{field} must be a finite number of seconds >= 0, got {value!r}")
+            object.__setattr__(self, field, _validate.real(field, getattr(self, field), 0,
+                                                           allowed="a finite number of seconds >= 0"))
 
     # -- derived quantities -------------------------------------------------------------------
     def ideal(self) -> CostModel:
@@ -284,10 +283,9 @@ class CostModel:
         pass of ``max_num_batched_tokens`` tokens and the CUDA graphs, and gives the KV cache what is left of
         ``gpu_memory_utilization`` (default 0.92, vLLM 0.33's) of the memory.
         """
-        if not 0 < gpu_memory_utilization <= 1:
-            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")
-        if not isinstance(block_size, (int, np.integer)) or block_size < 1:
-            raise ValueError(f"block_size must be an integer >= 1, got {block_size!r}")
+        gpu_memory_utilization = _validate.real("gpu_memory_utilization", gpu_memory_utilization, 0, 1,
+                                                low_open=True)
+        block_size = _validate.integer("block_size", block_size, 1, 2**16)
         free = (gpu_memory_utilization * self.hardware.hbm_bytes - self.weight_bytes
                 - self.vllm_reserved_bytes(max_num_batched_tokens, max_num_seqs))
         return max(int(free // (block_size * self.kv_bytes_per_token)), 0)
@@ -330,7 +328,7 @@ class CostModel:
         if isinstance(sampled, bool) or not isinstance(sampled, (int, np.integer)) or not 0 <= sampled <= n_chunks:
             raise ValueError(f"sampled_chunks must be an integer from 0 to {n_chunks}, got {sampled_chunks!r}")
         out = step_cost(self.coefficients(), new_tokens, attn_work, cached, sampled + ctx.size, n_chunks + ctx.size,
-                        bool(asynchronous))
+                        _validate.flag("asynchronous", asynchronous))
         total, gemm, attn, comm, elementwise, lm_head, cpu, flops, nbytes, compute_bound = out
         return StepBreakdown(total, gemm, attn, comm, elementwise, self.overhead_s, flops, nbytes,
                              "compute" if compute_bound else "memory", lm_head, cpu)
@@ -350,7 +348,8 @@ class CostModel:
         if (b < 1).any() or (ctx < 0).any():
             raise ValueError("batch must be >= 1 and context >= 0")
         coef = self.coefficients()
-        out = np.array([step_cost(coef, bi, 2 * bi * ci, bi * ci, bi, bi, bool(asynchronous))[0]
+        asynchronous = _validate.flag("asynchronous", asynchronous)
+        out = np.array([step_cost(coef, bi, 2 * bi * ci, bi * ci, bi, bi, asynchronous)[0]
                         for bi, ci in zip(b.ravel(), ctx.ravel())])
         return float(out[0]) if b.ndim == 0 else out.reshape(b.shape)
 

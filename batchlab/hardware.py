@@ -5,13 +5,13 @@ from functools import cache
 from typing import NamedTuple
 
 from ._data import read_presets
+from ._validate import flag, real
 
 DTYPES = ("bf16", "fp8")
 GiB = 1024**3  # bytes
 
 
-class Hardware(NamedTuple):
-    """One GPU. Figures are dense (no sparsity) datasheet peaks; see ``data/README.md``."""
+class _HardwareFields(NamedTuple):
 
     name: str
     flops_bf16: float  # FLOP/s, dense BF16 tensor-core peak
@@ -20,6 +20,37 @@ class Hardware(NamedTuple):
     hbm_bytes: float  # bytes, HBM capacity as the driver reports it
     interconnect_bytes_per_s: float  # bytes/s, NVLink bandwidth per direction per GPU
     has_fp8: bool  # whether FP8 GEMMs run at twice the BF16 rate
+
+
+_POSITIVE_FIELDS = ("flops_bf16", "flops_fp8", "hbm_bytes_per_s", "hbm_bytes", "interconnect_bytes_per_s")
+
+
+class Hardware(_HardwareFields):
+    """One GPU. Figures are dense (no sparsity) datasheet peaks; see ``data/README.md``.
+
+    Validated on construction (and by ``_replace``): every rate and size a finite number > 0 (FLOP/s, bytes/s,
+    bytes), ``has_fp8`` a bool, ``name`` a string; otherwise a ``ValueError`` naming the field.
+    """
+
+    __slots__ = ()
+
+    def __new__(cls, *args, **kwargs):
+        self = super().__new__(cls, *args, **kwargs)
+        self.check()
+        return self
+
+    @classmethod
+    def _make(cls, iterable):
+        return cls(*iterable)  # so _replace validates too
+
+    def check(self) -> Hardware:
+        """Raise ``ValueError`` naming the first bad field; return ``self``."""
+        if not isinstance(self.name, str):
+            raise ValueError(f"Hardware.name must be a string, got {self.name!r}")
+        for field in _POSITIVE_FIELDS:
+            real(f"Hardware.{field}", getattr(self, field), 0, low_open=True, allowed="a finite number > 0")
+        flag("Hardware.has_fp8", self.has_fp8)
+        return self
 
     def peak_flops(self, dtype: str) -> float:
         """Dense peak FLOP/s for GEMMs whose weights are stored as ``dtype``."""

@@ -5,6 +5,7 @@ from functools import cache
 from typing import NamedTuple
 
 from ._data import read_presets
+from ._validate import integer
 
 BYTES_PER_ELEMENT = {"bf16": 2, "fp8": 1}
 
@@ -15,8 +16,7 @@ def _element_bytes(dtype: str) -> int:
     return BYTES_PER_ELEMENT[dtype]
 
 
-class ModelSpec(NamedTuple):
-    """A decoder-only transformer with grouped-query attention."""
+class _ModelFields(NamedTuple):
 
     name: str
     params: int  # parameters, embeddings and LM head included
@@ -29,6 +29,49 @@ class ModelSpec(NamedTuple):
     vocab: int  # vocabulary size
     max_position_embeddings: int = 8192  # tokens of context the model was trained for (vLLM's default max_model_len)
     tied_embeddings: int = 0  # 1: the LM head is the input embedding matrix (one copy in ``params``)
+
+
+_SHAPE_LIMIT = 2**31  # any layer count, width or vocabulary: far past every model, far inside int64 products
+_FIELD_RANGES = {  # field -> (least, most); params, d_ff and vocab may be 0 for one operator's shape (calibrate)
+    "params": (0, 2**50), "layers": (1, _SHAPE_LIMIT), "d_model": (1, _SHAPE_LIMIT), "heads": (1, _SHAPE_LIMIT),
+    "kv_heads": (1, _SHAPE_LIMIT), "head_dim": (1, _SHAPE_LIMIT), "d_ff": (0, _SHAPE_LIMIT),
+    "vocab": (0, _SHAPE_LIMIT), "max_position_embeddings": (1, _SHAPE_LIMIT), "tied_embeddings": (0, 1),
+}
+
+
+class ModelSpec(_ModelFields):
+    """A decoder-only transformer with grouped-query attention.
+
+    Validated on construction (and by ``_replace``): whole numbers in range (``layers``, ``d_model``, ``heads``,
+    ``kv_heads``, ``head_dim`` >= 1; ``params``, ``d_ff``, ``vocab`` >= 0, so one operator's shape can be
+    described; ``kv_heads`` <= ``heads``; ``params`` at least the embedding table and LM head it counts);
+    otherwise a ``ValueError`` naming the field.
+    """
+
+    __slots__ = ()
+
+    def __new__(cls, *args, **kwargs):
+        self = super().__new__(cls, *args, **kwargs)
+        self.check()
+        return self
+
+    @classmethod
+    def _make(cls, iterable):
+        return cls(*iterable)  # so _replace validates too
+
+    def check(self) -> ModelSpec:
+        """Raise ``ValueError`` naming the first bad field; return ``self``."""
+        if not isinstance(self.name, str):
+            raise ValueError(f"ModelSpec.name must be a string, got {self.name!r}")
+        for field, (low, high) in _FIELD_RANGES.items():
+            integer(f"ModelSpec.{field}", getattr(self, field), low, high)
+        if self.kv_heads > self.heads:
+            raise ValueError(f"ModelSpec.kv_heads ({self.kv_heads}) must be from 1 to heads ({self.heads})")
+        if self.body_params < 0:
+            raise ValueError(f"ModelSpec.params ({self.params}) must be at least the embedding table and LM head it "
+                             f"includes ({self.params - self.body_params} = vocab x d_model x "
+                             f"{1 if self.tied_embeddings else 2})")
+        return self
 
     @property
     def embedding_params(self) -> int:
