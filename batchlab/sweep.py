@@ -12,6 +12,8 @@ identical in every case.
 """
 from __future__ import annotations
 
+import difflib
+import inspect
 import itertools
 from collections.abc import Mapping, Sequence
 
@@ -21,9 +23,33 @@ import pandas as pd
 from .sim import simulate
 
 
+def _knob_names() -> list[str]:
+    """Knobs a configuration may set: ``policy`` and every keyword of :func:`batchlab.simulate`."""
+    params = inspect.signature(simulate).parameters.values()
+    return ["policy"] + [p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY]
+
+
+def _check_knobs(names, where: str) -> None:
+    allowed = _knob_names()
+    for knob in names:
+        if not isinstance(knob, str) or knob not in allowed:
+            close = difflib.get_close_matches(str(knob), allowed, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(f"{where} names an unknown knob {knob!r}{hint}; knobs are {allowed}")
+
+
 def expand_grid(grid) -> list[dict]:
-    """Configurations of a grid: a mapping knob -> values (cartesian product, in key order) or a list of dicts."""
+    """Configurations of a grid: a mapping knob -> values (cartesian product, in key order) or a list of dicts.
+
+    Every knob must be ``policy`` or a keyword of :func:`batchlab.simulate`; the grid must name at least one
+    (an empty grid would silently run the defaults alone). Otherwise a ``ValueError`` naming the knob.
+    """
+    if grid is None or isinstance(grid, (str, bytes)) or not isinstance(grid, Mapping | Sequence):
+        raise ValueError(f"grid must be a mapping knob -> list of values, or a non-empty list of dicts, got {grid!r}")
     if isinstance(grid, Mapping):
+        if not grid:
+            raise ValueError(f"grid must name at least one knob, got {grid!r}; knobs are {_knob_names()}")
+        _check_knobs(grid, "grid")
         for knob, values in grid.items():
             if isinstance(values, (str, bytes)) or not isinstance(values, Sequence | np.ndarray) or len(values) == 0:
                 raise ValueError(f"grid[{knob!r}] must be a non-empty list of values")
@@ -32,6 +58,8 @@ def expand_grid(grid) -> list[dict]:
     configs = list(grid)
     if not configs or not all(isinstance(c, Mapping) for c in configs):
         raise ValueError("grid must be a mapping knob -> list of values, or a non-empty list of dicts")
+    for i, config in enumerate(configs):
+        _check_knobs(config, f"grid[{i}]")
     return [dict(c) for c in configs]
 
 
@@ -73,6 +101,7 @@ def sweep(requests, grid, cost, *, policy: str = "chunked", executor=None, progr
     DataFrame
         One row per configuration, in grid order: the knobs, then the summary columns.
     """
+    _check_knobs(fixed_knobs, "sweep's keyword arguments")
     configs = []
     for config in expand_grid(grid):
         clash = set(config) & set(fixed_knobs)
