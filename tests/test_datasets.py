@@ -202,13 +202,17 @@ def test_http_error_is_a_clear_error(offline_cache, http_root, monkeypatch):
         datasets.fetch(name)
 
 
-@pytest.mark.parametrize("kwargs", [dict(name="azure"), dict(speedup=0.0), dict(speedup=-1.0),
-                                    dict(speedup=float("inf")), dict(speedup=float("nan")), dict(speedup="2"),
-                                    dict(limit=0), dict(limit=-3), dict(limit=1.5), dict(limit=True)])
-def test_bad_arguments_are_value_errors_before_any_io(kwargs, tmp_path, monkeypatch):
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(name="azure"), "dataset must be one of"), (dict(name=["azure-conv-2023"]), "dataset must be one of"),
+    (dict(speedup=0.0), "speedup must be a finite number > 0, got 0.0"), (dict(speedup=-1.0), "speedup"),
+    (dict(speedup=float("inf")), "speedup.*got inf"), (dict(speedup=float("nan")), "speedup.*got nan"),
+    (dict(speedup="2"), "speedup.*got '2'"), (dict(speedup=True), "speedup.*got True"),
+    (dict(limit=0), "limit must be an integer from 1"), (dict(limit=-3), "limit.*got -3"),
+    (dict(limit=1.5), "limit.*got 1.5"), (dict(limit=True), "limit.*got True")])
+def test_bad_arguments_are_value_errors_before_any_io(kwargs, match, tmp_path, monkeypatch):
     monkeypatch.setenv("BATCHLAB_DATA_DIR", str(tmp_path / "nowhere"))  # any file access would be an OSError
     kwargs = {"name": "azure-conv-2023", **kwargs}
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=match):
         bl.replay(**kwargs)
 
 

@@ -17,7 +17,7 @@ import batchlab as bl
     ([0, math.nan], [10, 5], [3, 3], "arrival_s"),
     ([-1, 0], [10, 5], [3, 3], "arrival_s"),
     ([0, 1], [10, 5, 6], [3, 3], "one length"),
-    ([0, 1], [True, False], [3, 3], "prompt_tokens"),
+    ([0, 1], [True, False], [3, 3], "prompt_tokens must hold .* got dtype bool"),
     ([], [], [], "at least one"),
 ])
 def test_bad_requests(arrival, prompt, output, field):
@@ -76,5 +76,5 @@ def test_requests_are_read_only_copies():
     r = bl.Requests(a, [1, 2], [3, 4])
     a[0] = 5.0
     assert r.arrival_s[0] == 0.0
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="read-only"):
         r.arrival_s[0] = 2.0

@@ -165,12 +165,15 @@ def test_unknown_name_lists_the_allowed_ones():
         assert all(name in str(e.value) for name in PRESETS)
 
 
-@pytest.mark.parametrize("kwargs", [
-    dict(n_requests=0), dict(n_requests=-5), dict(n_requests=2.5), dict(n_requests=True),
-    dict(n_requests=10, rate_req_s=0.0), dict(n_requests=10, rate_req_s=-1.0),
-    dict(n_requests=10, rate_req_s=float("nan")), dict(n_requests=10, seed=-1), dict(n_requests=10, seed="x")])
-def test_bad_arguments(kwargs):
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(n_requests=0), "n_requests must be an integer from 1"), (dict(n_requests=-5), "n_requests.*got -5"),
+    (dict(n_requests=2.5), "n_requests.*got 2.5"), (dict(n_requests=True), "n_requests.*got True"),
+    (dict(n_requests=10, rate_req_s=0.0), "rate_req_s must be a number > 0.*got 0.0"),
+    (dict(n_requests=10, rate_req_s=-1.0), "rate_req_s.*got -1.0"),
+    (dict(n_requests=10, rate_req_s=float("nan")), "rate_req_s.*got nan"),
+    (dict(n_requests=10, seed=-1), "seed must be an integer >= 0"), (dict(n_requests=10, seed="x"), "seed.*'x'")])
+def test_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
         bl.preset("azure-conv-2023", **kwargs)
 
 
