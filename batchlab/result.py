@@ -85,7 +85,9 @@ class SimResult:
 
     @property
     def token_offsets(self) -> np.ndarray:
-        """Index of each request's first token in :attr:`token_times_flat` (length n + 1)."""
+        """Index of each request's first token in :attr:`token_times_flat` (length n + 1). A request rejected before
+        the loop (it could never be served) takes no room: its span is empty, so a huge ``output_tokens`` that
+        cannot fit allocates nothing."""
         self._need_tokens("token_offsets")
         return self.raw.token_offsets
 

@@ -124,6 +124,17 @@ def test_gaps_of_a_request_rejected_after_preemption_are_left_out(cost8b):
     assert_within_bound(res.summary(), res.summary_from_tokens())
 
 
+def test_a_request_rejected_up_front_gets_no_token_record(cost8b):
+    # The middle request can never fit the pool: rejected before the loop, it must not reserve 10**8 token slots.
+    r = bl.Requests([0.0, 0.0, 0.1], [100, 100, 100], [5, 10**8, 7])
+    for policy, per_policy in (("static", {"batch_size": 2}), ("continuous", {}), ("chunked", {"max_model_len": 0})):
+        res = bl.simulate(r, policy, cost8b, **per_policy)
+        assert res.requests["rejected"].tolist() == [False, True, False]
+        assert res.token_offsets.tolist() == [0, 5, 5, 12] and res.token_times_flat.size == 12
+        assert res.token_times[1].size == 0 and np.isfinite(res.token_times_flat).all()
+        assert [np.all(np.diff(t) > 0) for t in res.token_times] == [True, True, True]
+
+
 def test_records_are_refused_when_not_kept(cost8b):
     res = bl.simulate(bl.Requests([0.0], [10], [3]), "chunked", cost8b, record_tokens=False)
     for attribute in ("token_times", "token_times_flat", "steps"):

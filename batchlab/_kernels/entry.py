@@ -8,32 +8,52 @@ from .batched import run_batched
 from .iterations import run_iterations
 from .cost import serve_time
 from .layout import (ITL_BINS, N_TOTALS, POLICY_CHUNKED, POLICY_CONTINUOUS, POLICY_DYNAMIC, REJECT_BUDGET, REJECT_KV,
-                     REJECT_MODEL_LEN,
-                     REQ_CACHED, REQ_COLUMNS, REQ_COMPUTED, REQ_OUTPUT, REQ_PADDED, REQ_PREEMPT, REQ_PREFIX_END,
+                     REJECT_MODEL_LEN, REQ_CACHED, REQ_COLUMNS, REQ_COMPUTED, REQ_EMITTED, REQ_OUTPUT, REQ_PADDED,
+                     REQ_PREEMPT, REQ_PREFIX_END,
                      REQ_PREFIX_START, REQ_PROMPT, REQ_RECOMPUTED, REQ_REJECT, REQ_TOK_OFF, RULE_CHUNKING, STATUS_OK,
                      TIME_ARRIVAL, TIME_COLUMNS, TIME_FINISH, TIME_FIRST, TIME_RELEASE, TIME_SCHED, TIME_SEEN,
-                     TIME_SENT)
+                     TIME_SENT, STEP_DURATION, STEP_START)
 from .records import blocks_for
 
 
 @njit(cache=True)
 def _tables(arrival, prompt, output, prefix_off, max_concurrency):
-    """The per-request tables and each request's token offset (its first token's index in ``tok_times``)."""
+    """The per-request tables (token offsets are set by :func:`_token_offsets` once rejections are known)."""
     n = arrival.shape[0]
     req = np.zeros((n, REQ_COLUMNS), np.int64)
     times = np.full((n, TIME_COLUMNS), np.nan)
-    tok_off = np.zeros(n + 1, np.int64)
     for r in range(n):
         req[r, REQ_PROMPT] = prompt[r]
         req[r, REQ_OUTPUT] = output[r]
-        req[r, REQ_TOK_OFF] = tok_off[r]
         req[r, REQ_PREFIX_START] = prefix_off[r]
         req[r, REQ_PREFIX_END] = prefix_off[r + 1]
-        tok_off[r + 1] = tok_off[r] + output[r]
         times[r, TIME_ARRIVAL] = arrival[r]
         if max_concurrency == 0:
             times[r, TIME_SENT] = arrival[r]
-    return req, times, tok_off
+    return req, times
+
+
+@njit(cache=True, _nrt=False)
+def _token_offsets(req, tok_off):
+    """Each request's first token's index in the token record; a request rejected up front takes no room."""
+    for r in range(req.shape[0]):
+        req[r, REQ_TOK_OFF] = tok_off[r]
+        tok_off[r + 1] = tok_off[r] + (req[r, REQ_OUTPUT] if req[r, REQ_REJECT] == 0 else 0)
+
+
+@njit(cache=True, _nrt=False)
+def _token_times(steps, req, tok_off, tok_step, tok_times):
+    """The iteration loops record each token's step index (int32, half the bytes of a time, so the scattered
+    writes of the loop touch half the cache lines); here each becomes the end of its step. A request's tokens
+    past the ones it emitted (rejected after a preemption) stay NaN."""
+    for r in range(req.shape[0]):
+        lo, hi = tok_off[r], tok_off[r + 1]
+        done = lo + min(req[r, REQ_EMITTED], hi - lo)
+        for i in range(lo, done):
+            k = tok_step[i]
+            tok_times[i] = steps[k, STEP_START] + steps[k, STEP_DURATION]
+        for i in range(done, hi):
+            tok_times[i] = np.nan
 
 
 @njit(cache=True)
@@ -49,8 +69,7 @@ def simulate_kernel(arrival, prompt, output, policy, coef, batch_size, max_queue
     per iteration (without it, memory grows with requests, not tokens); the metrics are accumulated either way.
     """
     n = arrival.shape[0]
-    req, times, tok_off = _tables(arrival, prompt, output, prefix_off, max_concurrency)
-    tok_times = np.full(tok_off[n] if record_tokens else 0, np.nan)
+    req, times = _tables(arrival, prompt, output, prefix_off, max_concurrency)
     itl = np.zeros((ITL_BINS, 4))
     totals = np.zeros(N_TOTALS)
     n_live = 0
@@ -67,6 +86,9 @@ def simulate_kernel(arrival, prompt, output, policy, coef, batch_size, max_queue
             live[n_live] = r
             n_live += 1
     live = live[:n_live]
+    tok_off = np.zeros(n + 1, np.int64)
+    _token_offsets(req, tok_off)  # after the rejections: a request that can never be served allocates nothing
+    n_tokens = tok_off[n] if record_tokens else 0
     status = STATUS_OK
     if policy <= POLICY_DYNAMIC:  # static or dynamic
         delay = max_queue_delay_s if policy == POLICY_DYNAMIC else np.inf
@@ -75,13 +97,18 @@ def simulate_kernel(arrival, prompt, output, policy, coef, batch_size, max_queue
         for r in live:
             seen[r], free = serve_time(free, arrival[r], prompt[r], coef)
             times[r, TIME_SEEN] = seen[r]
+        tok_times = np.full(n_tokens, np.nan)
         steps, sched = run_batched(seen, prompt, output, live, tok_off, req, times, coef, batch_size, delay,
                                    usable_blocks, block_size, record, tok_times, record_tokens, itl, totals)
     else:
-        status, steps, sched = run_iterations(live, req, times, tok_times, coef, policy == POLICY_CHUNKED,
+        tok_step = np.empty(n_tokens, np.int32)
+        status, steps, sched = run_iterations(live, req, times, tok_step, coef, policy == POLICY_CHUNKED,
                                               rules, max_num_seqs, budget, threshold, prefill_only_steps,
                                               usable_blocks, block_size, record, max_concurrency, prefix_ids,
                                               prefix_tokens, record_tokens, itl, totals)
+        tok_times = np.empty(n_tokens)
+        if n_tokens > 0:
+            _token_times(steps, req, tok_off, tok_step, tok_times)
     for r in range(n):
         if times[r, TIME_SENT] != times[r, TIME_SENT]:  # rejected before the loop: never waited for a client slot
             times[r, TIME_SENT] = arrival[r]

@@ -22,8 +22,8 @@ from .layout import (KIND_CACHED, KIND_DECODE, KIND_PREEMPT, KIND_PREFILL, REJEC
                      RUN_CACHED, RUN_COLUMNS, RUN_COMP, RUN_EMIT, RUN_HIT, RUN_LAST, RUN_OUT, RUN_PROMPT, RUN_REQ,
                      RUN_RISK, RUN_SEAT, RUN_TOK, RUN_TOKPOS, SCHED_COLUMNS, ST_CACHED_BLOCKS, ST_FINISHED,
                      ST_FREE_BLOCKS, ST_IN_FLIGHT, ST_NEXT, ST_PENDING, ST_RUNNING, ST_SCHED, ST_SEATS, ST_SLOT_HEAD,
-                     ST_STEPS, ST_WAIT_HEAD, ST_WAIT_LEN, STATUS_OK, STATUS_STUCK, STEP_COLUMNS, STEP_DURATION,
-                     STEP_START, TIME_ARRIVAL, TIME_FINISH, TIME_FIRST, TIME_LAST, TIME_RELEASE, TIME_SCHED, TIME_SEEN,
+                     ST_STEPS, ST_WAIT_HEAD, ST_WAIT_LEN, STATUS_OK, STATUS_STUCK, STEP_COLUMNS,
+                     TIME_ARRIVAL, TIME_FINISH, TIME_FIRST, TIME_LAST, TIME_RELEASE, TIME_SCHED, TIME_SEEN,
                      TIME_SENT, TOTAL_BUSY_S, TOTAL_SEQ_STEPS, TOTAL_STEPS, N_STATE)
 from .gaps import add_gaps
 from .records import blocks_for, grow, record_sched, record_step
@@ -309,12 +309,12 @@ def _admit_whole_prompts(st, run, run_t, wait, req, times, now, budget, max_num_
 
 
 @njit(cache=True, _nrt=False)
-def _run_scheduled(run, run_t, lo, hi, step_index, prev_end, tok_times, gap_t, gap_req, events):
+def _run_scheduled(run, run_t, lo, hi, step_index, prev_end, tok_step, gap_t, gap_req, events):
     """Step 3: one pass over the rows ``[lo, hi)`` sums the iteration's aggregates and emits.
 
     A request that has computed every token it knows samples the next one; a row scheduled for no tokens
     (finished, held by async scheduling) is passed over. An emission is marked with the step's index
-    (``RUN_LAST``; with a token record, also in ``tok_times``); rows whose first or last token it is go to
+    (``RUN_LAST``; with a token record, also in ``tok_step``); rows whose first or last token it is go to
     ``events``, stamped once the step is timed. The gap an emission closes is counted in ``n_next`` if the row's
     last token came in the step just before (which ended at ``prev_end``), else the time of that token goes to
     ``gap_t`` (with the request in ``gap_req`` if it may yet be rejected, else -1). ``run_t`` holds when each
@@ -331,7 +331,7 @@ def _run_scheduled(run, run_t, lo, hi, step_index, prev_end, tok_times, gap_t, g
     n_next = 0
     n_gaps = 0
     n_events = 0
-    record_tokens = tok_times.shape[0] > 0
+    record_tokens = tok_step.shape[0] > 0
     for k in range(lo, hi):
         last = run[k, RUN_LAST]
         if last == step_index - 1:
@@ -353,7 +353,7 @@ def _run_scheduled(run, run_t, lo, hi, step_index, prev_end, tok_times, gap_t, g
         if p + c == known:
             sampled += 1
             if record_tokens:
-                tok_times[run[k, RUN_TOKPOS]] = step_index
+                tok_step[run[k, RUN_TOKPOS]] = step_index
                 run[k, RUN_TOKPOS] += 1
             emitted = run[k, RUN_EMIT] + 1
             if emitted > 1:  # the token closes a gap
@@ -451,15 +451,6 @@ def _release_finished(st, run, run_t, req, first, step_index, hold, end_s, slot_
     return first_held
 
 
-@njit(cache=True)
-def _stamp_tokens(steps, n_steps, tok_times):
-    """Step indices to times in the token record: every emission happens at the end of its step."""
-    ends = steps[:n_steps, STEP_START] + steps[:n_steps, STEP_DURATION]
-    for i in range(tok_times.shape[0]):
-        if tok_times[i] == tok_times[i]:
-            tok_times[i] = ends[int(tok_times[i])]
-
-
 @njit(cache=True, _nrt=False)
 def _settle_risky(itl, totals, risky, req):
     """The gaps set aside for requests that might have been rejected: counted for those that were not."""
@@ -503,7 +494,7 @@ def _record_scheduled(sched, st, run, lo, hi):
 
 
 @njit(cache=True)
-def run_iterations(live, req, times, tok_times, coef, chunked, rules, max_num_seqs, budget, threshold,
+def run_iterations(live, req, times, tok_step, coef, chunked, rules, max_num_seqs, budget, threshold,
                    prefill_only_steps, usable_blocks, block_size, record, max_concurrency, prefix_ids,
                    prefix_tokens, record_steps, itl, totals):
     """Iteration-level policies: Orca-style ``continuous`` and vLLM ``chunked`` (DESIGN sections 4 and 4c).
@@ -512,8 +503,9 @@ def run_iterations(live, req, times, tok_times, coef, chunked, rules, max_num_se
     requests in flight (closed-loop clients); a request's send time is ``times[:, TIME_SENT]`` (NaN: the
     kernel decides, closed loop). With async scheduling the iteration after the one running is planned when
     that one starts: it sees the requests sent by then, and the ones that finish in it still hold their seat
-    and blocks. ``record_steps``: keep one row per iteration; ``tok_times`` (empty: no token record) gets every
-    token's time. Inter-token gaps go into the histogram ``itl`` and the run's totals into ``totals``.
+    and blocks. ``record_steps``: keep one row per iteration; ``tok_step`` (empty: no token record) gets every
+    token's step index (``entry._token_times`` turns them into times; int32 holds 2**31 - 1 iterations, and a
+    longer recorded run raises). Inter-token gaps go into the histogram ``itl`` and the run's totals into ``totals``.
     """
     n = req.shape[0]
     n_live = live.shape[0]
@@ -604,10 +596,12 @@ def run_iterations(live, req, times, tok_times, coef, chunked, rules, max_num_se
         if record:
             sched = _record_scheduled(sched, st, run, lo, hi)
         step = st[ST_STEPS]
+        if record_steps and step >= 2147483647:
+            raise ValueError("a run recording its tokens is limited to 2**31 - 1 iterations (record_tokens=False)")
         if lo > 0:  # Orca's prefill-only step leaves the decoders out
             _settle_last(run, run_t, 0, lo, step, prev_end)
         prefill_tokens, decode_seqs, attn_work, cached, sampled, first_done, n_next, n_gaps, n_events = _run_scheduled(
-            run, run_t, lo, hi, step, prev_end, tok_times, gap_t, gap_req, events)
+            run, run_t, lo, hi, step, prev_end, tok_step, gap_t, gap_req, events)
         dur, _g, _a, _c, _e, _l, _u, flops, nbytes, bound = step_cost(
             coef, decode_seqs + prefill_tokens, attn_work, cached, sampled, n_scheduled, asynchronous)
         if record_steps:
@@ -631,8 +625,6 @@ def run_iterations(live, req, times, tok_times, coef, chunked, rules, max_num_se
                                            seat_blocks)
     n_steps = st[ST_STEPS]
     totals[TOTAL_STEPS] = n_steps
-    if tok_times.shape[0] > 0:
-        _stamp_tokens(steps, n_steps, tok_times)
     _settle_risky(itl, totals, risky, req)
     _account_tokens(live, req)
     return STATUS_OK, steps[:n_steps if record_steps else 0], sched[:st[ST_SCHED]]
