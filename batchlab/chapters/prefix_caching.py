@@ -60,9 +60,9 @@ def trace_table(requests: Requests) -> pd.DataFrame:
 
 
 def write_trace_table(table: pd.DataFrame, path) -> None:
-    """Write :func:`trace_table` gzip-compressed with no timestamp in the header, so equal tables give equal bytes."""
+    """Write :func:`trace_table` gzip-compressed with no name or time in the header: equal tables, equal bytes."""
     text = table.to_csv(index=False, lineterminator="\n").encode()
-    with open(path, "wb") as fh, gzip.GzipFile(fileobj=fh, mode="wb", mtime=0, compresslevel=9) as gz:
+    with open(path, "wb") as fh, gzip.GzipFile(filename="", fileobj=fh, mode="wb", mtime=0, compresslevel=9) as gz:
         gz.write(text)
 
 
@@ -102,6 +102,31 @@ def cached_bound(requests: Requests, block_size: int = 16, answers_cached: bool 
         filled = len(seq) if answers_cached else prompt // per_id
         seen.update(seq[:filled])
     return hit / float(requests.prompt_tokens.sum())
+
+
+def reuse_gaps(requests: Requests, min_ids: int = 2) -> pd.DataFrame:
+    """How far back each request reaches for its cached prefix: one row per request whose leading
+    ``min_ids`` or more prefix ids were all filled by earlier requests.
+
+    For such a request, the last earlier request that filled the deepest of those ids is the one it continues;
+    ``gap_s`` is the time between their arrivals (s), ``tokens_between`` the prompt and output tokens of the
+    requests sent in between (the traffic that an LRU pool must hold besides, for the prefix to survive), and
+    ``reused_tokens`` the prompt tokens the request could find cached. Mooncake's first block is shared by
+    every request, hence ``min_ids=2`` there. Used in chapter 13.
+    """
+    ids, off = requests.prefix_ids, requests.prefix_offsets
+    sent = np.cumsum(requests.prompt_tokens + requests.output_tokens)
+    last: dict[int, int] = {}
+    rows = []
+    for i in range(len(requests)):
+        seq = ids[off[i]:off[i + 1]].tolist()
+        run = next((k for k, x in enumerate(seq) if x not in last), len(seq))
+        if run >= min_ids:
+            j = last[seq[run - 1]]
+            rows.append((float(requests.arrival_s[i] - requests.arrival_s[j]), int(sent[i - 1] - sent[j]),
+                         min(run * requests.prefix_block_tokens, int(requests.prompt_tokens[i]) - 1)))
+        last.update(dict.fromkeys(seq, i))
+    return pd.DataFrame(rows, columns=["gap_s", "tokens_between", "reused_tokens"])
 
 
 # -- the sweep -------------------------------------------------------------------------------------------------
@@ -270,15 +295,16 @@ def pool_chart(sweep: pd.DataFrame, default_pool_gib: float, workload: str | Non
                                    labels=[_pool_label(round(g)) for g in gibs])
     pick = alt.param(name="workload_pick", value=workload or names[0],
                      bind=alt.binding_radio(options=names, name="workload "))
-    return alt.hconcat(_hit_curve(grid, names, default_pool_gib, at_pool),
-                       _ttft_bars(grid, at_pool)).add_params(pool, pick)
+    return alt.hconcat(_hit_curve(grid, names, default_pool_gib, at_pool), _ttft_bars(grid, at_pool)
+                       ).resolve_scale(color="independent").add_params(pool, pick)
 
 
 def _hit_curve(grid, names, default_pool_gib, at_pool):
     """Left panel of :func:`pool_chart`: hit rate against pool size, one line per workload."""
     on = grid[grid["caching"]]
-    x = alt.X("pool_gib:Q", title="KV pool (GiB, log scale)", scale=alt.Scale(type="log", base=2),
-              axis=alt.Axis(values=sorted(on["pool_gib"].round(6).unique().tolist()), format=",.0f"))
+    x = alt.X("pool_gib:Q", title="KV pool (log scale)", scale=alt.Scale(type="log", base=2),
+              axis=alt.Axis(values=sorted(on["pool_gib"].round(6).unique().tolist()),
+                            labelExpr="datum.value >= 1024 ? datum.value / 1024 + ' TiB' : datum.value + ' GiB'"))
     y = alt.Y("prefix_cache_hit_rate:Q", title="prefix-cache hit rate", axis=alt.Axis(format="%"),
               scale=alt.Scale(domain=[0, 1]))
     color = alt.Color("workload:N", scale=alt.Scale(domain=names, range=viz.PALETTE[:len(names)]),
@@ -304,16 +330,18 @@ def _ttft_bars(grid, at_pool):
     long["stat"] = long["stat"].map({"median_ttft_ms": "median", "p99_ttft_ms": "P99"})
     long["cache"] = np.where(long["caching"], "caching on", "caching off")
     chosen = alt.Chart(long).transform_filter(f"datum.workload == workload_pick && {at_pool}")
+    x = alt.X("stat:N", title=None, sort=["median", "P99"], axis=alt.Axis(labelAngle=0))
     y = alt.Y("ttft_ms:Q", title="time to first token (ms)")
+    order = ["caching off", "caching on"]
     bars = chosen.mark_bar().encode(
-        x=alt.X("cache:N", title=None, sort=["caching off", "caching on"]), y=y, xOffset="stat:N",
-        color=alt.Color("stat:N", title=None, scale=alt.Scale(domain=["median", "P99"], range=viz.PALETTE[3:5]),
-                        legend=alt.Legend(orient="bottom")),
-        tooltip=["cache:N", "stat:N", alt.Tooltip("ttft_ms:Q", format=",.0f")])
-    text = chosen.mark_text(dy=-4, baseline="bottom", fontSize=10).encode(
-        x=alt.X("cache:N", sort=["caching off", "caching on"]), xOffset="stat:N", y=y,
-        text=alt.Text("ttft_ms:Q", format=",.0f"))
-    return alt.layer(bars, text).properties(width=170, height=230)
+        x=x, y=y, xOffset=alt.XOffset("cache:N", sort=order),
+        color=alt.Color("cache:N", title=None, sort=order, legend=alt.Legend(orient="bottom"),
+                        scale=alt.Scale(domain=order, range=["#bbbbbb", "#555555"])),
+        tooltip=["cache:N", "stat:N", alt.Tooltip("ttft_ms:Q", format=",.0f"),
+                 alt.Tooltip("prefix_cache_hit_rate:Q", format=".1%")])
+    text = chosen.mark_text(dy=-4, baseline="bottom", fontSize=9).encode(
+        x=x, xOffset=alt.XOffset("cache:N", sort=order), y=y, text=alt.Text("ttft_ms:Q", format=",.0f"))
+    return alt.layer(bars, text).properties(width=190, height=230)
 
 
 # -- the budget trade, cached or not ---------------------------------------------------------------------------
@@ -333,6 +361,13 @@ def budget_chart(points: pd.DataFrame):
     """Chapter 06's trade on a loaded server: P99 ITL against P99 TTFT, one line per caching setting, one point per
     budget (labelled in tokens). Used in chapter 13."""
     df = points.assign(cache=np.where(points["caching"], "caching on", "caching off"))
+    # Budgets whose points coincide on the chart (within 1 % on both axes) share one label ("2,048 to 8,192").
+    df["_x"], df["_y"] = np.round(np.log10(df["p99_ttft_ms"]) * 230), np.round(np.log10(df["p99_itl_ms"]) * 230)
+    same = df.groupby(["cache", "_x", "_y"])["max_num_batched_tokens"]
+    lo, hi = same.transform("min"), same.transform("max")
+    df["budgets"] = [f"{a:,}" if a == b else f"{a:,} to {b:,}" for a, b in zip(lo, hi)]
+    df["first"] = df["max_num_batched_tokens"] == lo
+    df = df.drop(columns=["_x", "_y"])
     x = alt.X("p99_ttft_ms:Q", title="P99 time to first token (ms, log scale)",
               scale=alt.Scale(type="log", nice=False, padding=14),
               axis=alt.Axis(values=viz.log_ticks(df["p99_ttft_ms"]), format=","))
@@ -346,6 +381,6 @@ def budget_chart(points: pd.DataFrame):
             alt.Tooltip("p99_itl_ms:Q", format=".1f"), alt.Tooltip("prefix_cache_hit_rate:Q", format=".1%")]
     base = alt.Chart(df).encode(x=x, y=y, color=color, tooltip=tips)
     line = base.mark_line(point=True).encode(order="max_num_batched_tokens:Q")
-    text = base.mark_text(align="left", dx=7, dy=-7, fontSize=10).encode(
-        text=alt.Text("max_num_batched_tokens:Q", format=","))
+    text = base.transform_filter("datum.first").mark_text(align="left", dx=7, dy=-7, fontSize=10).encode(
+        text="budgets:N")
     return alt.layer(line, text).properties(width=440, height=260)

@@ -1,0 +1,197 @@
+"""Chapter 13 (prefix caching): the offline copy of Mooncake's trace, the analytic hit rate of the synthetic
+workloads against the simulator, the hit rate growing with the pool, the reuse gaps, and the charts' specs (the
+workload and pool radio buttons labelled in GiB, the coinciding budgets sharing a label)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from rawdata import raw_folder
+from spec_helpers import axis_titles, marks, walk
+
+import batchlab as bl
+from batchlab.chapters import prefix_caching as chapter
+
+
+@pytest.fixture(scope="module")
+def cost():
+    """Llama-3.1-8B on one H100 SXM: the chapter's engine (a 131,072-token context for Mooncake's prompts)."""
+    return bl.CostModel(bl.get_hardware("h100-sxm"), bl.get_model("llama-3.1-8b"))
+
+
+# -- the Mooncake trace, offline ------------------------------------------------------------------------------
+@given(st.lists(st.integers(0, 10**9), max_size=40))
+@settings(max_examples=200, deadline=None)
+def test_runs_encode_and_decode_any_ids(ids):
+    assert chapter.decode_runs(chapter.encode_runs(ids)) == ids
+
+
+def test_runs_are_compact():
+    assert chapter.encode_runs([0, 14, 15, 16, 17]) == "0 14-17"
+    assert chapter.encode_runs([5, 4, 3]) == "5 4 3" and chapter.encode_runs([]) == ""
+    assert chapter.decode_runs("0 14-17 3") == [0, 14, 15, 16, 17, 3]
+
+
+def test_mooncake_requests_read_offline():
+    r = chapter.mooncake_requests()
+    assert len(r) == 12_031 and r.prefix_block_tokens == 512
+    assert r.arrival_s[0] == 0 and (np.diff(r.arrival_s) >= 0).all()
+    assert (len(r) - 1) / r.arrival_s[-1] == pytest.approx(3.40, abs=0.005)  # 3.40 req/s, as recorded
+    assert r.prefix_blocks[0].tolist() == list(range(14)) and r.prompt_tokens[0] == 6758
+    # Every request's ids cover its prompt in 512-token blocks (the last one partial).
+    n_ids = np.diff(r.prefix_offsets)
+    assert (n_ids == -(-r.prompt_tokens // 512)).all()
+    slow = chapter.mooncake_requests(speedup=0.2, limit=100)
+    assert len(slow) == 100 and slow.arrival_s[-1] == pytest.approx(r.arrival_s[99] / 0.2)
+
+
+@pytest.mark.needs_data
+def test_mooncake_table_is_the_raw_trace_and_what_the_script_writes(tmp_path, monkeypatch):
+    import importlib.util
+
+    from batchlab.datasets import ENV_VAR
+    traces = raw_folder(ENV_VAR, "traces", "raw traces")
+    monkeypatch.setenv(ENV_VAR, str(traces))
+    raw, ours = bl.replay("mooncake-conversation"), chapter.mooncake_requests()
+    for field in ("arrival_s", "prompt_tokens", "output_tokens", "prefix_ids", "prefix_offsets"):
+        assert np.array_equal(getattr(raw, field), getattr(ours, field)), field
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("make_mooncake_prefix", root / "scripts" / "make_mooncake_prefix.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    out = tmp_path / "table.csv.gz"
+    script.main(["--data-dir", str(traces), "--out", str(out)])
+    assert out.read_bytes() == (root / "data" / chapter.MOONCAKE_FILE).read_bytes()
+
+
+# -- the analytic hit rate ------------------------------------------------------------------------------------
+def shared_prefix_hit_rate(n_requests, n_groups, prompts_per_group, system, question, block=16):
+    """Closed form for bl.shared_prefix with a pool that never evicts and each prompt computed before the next.
+
+    The first round sends each of the D = G m distinct prompts once: a group's first prompt finds nothing, its
+    other m - 1 find the system prompt's full blocks. Every later request repeats a prompt and finds all of it
+    but its last token, in whole blocks. (Independent of the shuffled order.)
+    """
+    prompt = system + question
+    whole = (prompt - 1) // block * block
+    shared = min(system // block * block, whole)
+    distinct = n_groups * prompts_per_group
+    assert n_requests >= distinct
+    hits = (distinct - n_groups) * shared + (n_requests - distinct) * whole
+    return hits / (n_requests * prompt)
+
+
+@pytest.mark.parametrize("system, question", [(100, 40), (512, 64), (4096, 256), (15, 300)])
+def test_shared_prefix_hit_rate_is_the_closed_form(cost, system, question):
+    kw = dict(n_groups=3, prompts_per_group=4, system_prompt_tokens=system, question_tokens=question)
+    reqs = bl.shared_prefix(40, **kw, output_tokens=4, rate_req_s=1.0, seed=3)  # each done before the next
+    expected = shared_prefix_hit_rate(40, 3, 4, system, question)
+    assert chapter.cached_bound(reqs) == pytest.approx(expected, abs=1e-12)
+    assert chapter.cached_bound(reqs, answers_cached=True) == pytest.approx(expected, abs=1e-12)
+    s = chapter.run_summary(reqs, cost, num_kv_blocks=chapter.pool_blocks(cost, 32))
+    assert s["prefix_cache_hit_rate"] == pytest.approx(expected, abs=1e-12)
+    off = chapter.run_summary(reqs, cost, num_kv_blocks=chapter.pool_blocks(cost, 32), enable_prefix_caching=False)
+    assert off["prefix_cache_hit_rate"] == 0
+
+
+def multi_turn_bounds(turns, system, user, output, n_conversations, block=16):
+    """Closed forms for bl.multi_turn (shared system prompt, lengths multiples of the block): (prompt blocks
+    cached, answer blocks cached too). Turn k's prompt is S + k (U + O) + U; it finds the previous turn's prompt
+    (or prompt and answer) whole; a first turn finds the system prompt once some conversation has sent it."""
+    prompts = [system + k * (user + output) + user for k in range(turns)]
+    prompt_only = answers = (n_conversations - 1) * system
+    for k in range(1, turns):
+        prompt_only += n_conversations * min(prompts[k - 1], prompts[k] - 1) // block * block
+        answers += n_conversations * min(prompts[k - 1] + output, prompts[k] - 1) // block * block
+    total = n_conversations * sum(prompts)
+    return prompt_only / total, answers / total
+
+
+def test_multi_turn_bound_is_the_closed_form_and_bounds_the_replay(cost):
+    reqs = bl.multi_turn(5, 4, 64, 32, 48, rate_req_s=0.05, turn_gap_s=20.0, seed=1)
+    prompt_only, answers = multi_turn_bounds(4, 64, 32, 48, 5)
+    assert chapter.cached_bound(reqs) == pytest.approx(prompt_only, abs=1e-12)
+    assert chapter.cached_bound(reqs, answers_cached=True) == pytest.approx(answers, abs=1e-12)
+    hit = chapter.run_summary(reqs, cost, num_kv_blocks=chapter.pool_blocks(cost, 32))["prefix_cache_hit_rate"]
+    assert prompt_only - 1e-12 <= hit <= answers + 1e-12
+
+
+def test_hit_rate_grows_with_the_pool_on_the_trace(cost):
+    trace = {"Mooncake conversations": chapter.mooncake_requests(speedup=0.2, limit=1500)}
+    sweep = chapter.pool_sweep(cost, trace, [16, 64, 256, 1024], caching=(True,))
+    hit = sweep.sort_values("pool_gib")["prefix_cache_hit_rate"].to_numpy()
+    assert (np.diff(hit) >= 0).all() and hit[-1] > 2 * hit[0]
+    assert hit[-1] <= chapter.cached_bound(trace["Mooncake conversations"]) + 1e-12
+    assert sweep["pool_gib"].tolist() == [16, 64, 256, 1024] and (sweep["completed"] == 1500).all()
+
+
+def test_pool_blocks_and_the_default_pool(cost):
+    assert chapter.pool_blocks(cost, 16) == 16 * 2**30 // (16 * 128 * 1024) + 1  # 128 KiB per token, a null block
+    sweep = chapter.pool_sweep(cost, {"w": bl.shared_prefix(20, 2, 2, 64, 16, 4, seed=0)}, [None])
+    assert sweep["default_pool"].all() and (sweep["num_kv_blocks"] == cost.kv_pool_blocks()).all()
+    assert sweep["caching"].tolist() == [True, False]
+
+
+def test_reuse_gaps_name_the_request_continued():
+    reqs = bl.Requests([0.0, 1.0, 5.0], [48, 20, 64], [4, 6, 4], [[1, 2, 3], [9, 10], [1, 2, 3, 7]], 16)
+    gaps = chapter.reuse_gaps(reqs)
+    assert len(gaps) == 1  # request 2 continues request 0 (ids 1, 2, 3), past request 1
+    assert gaps.iloc[0].tolist() == [5.0, 20 + 6, 48]
+
+
+# -- charts ---------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def small_sweep(cost):
+    workloads = {"shared system prompts": bl.shared_prefix(200, 4, 4, 512, 64, 8, rate_req_s=8.0, seed=0),
+                 "multi-turn chats": bl.multi_turn(20, 3, 256, 64, 32, rate_req_s=1.0, seed=0)}
+    return chapter.pool_sweep(cost, workloads, [16, 32, 64, None])
+
+
+def test_pool_chart_spec(small_sweep):
+    spec = chapter.pool_chart(small_sweep, 55.8, pool_gib=32).to_dict()
+    assert len(spec["hconcat"]) == 2 and spec["resolve"]["scale"]["color"] == "independent"
+    binds = {p["name"]: p["bind"] for p in spec["params"]}
+    assert binds["workload_pick"]["input"] == "radio"
+    assert binds["workload_pick"]["options"] == ["shared system prompts", "multi-turn chats"]
+    assert binds["log2_pool_gib"]["input"] == "radio" and binds["log2_pool_gib"]["labels"] == ["16 GiB", "32 GiB",
+                                                                                                "64 GiB"]
+    start = {p["name"]: p["value"] for p in spec["params"]}
+    assert start["log2_pool_gib"] == 5.0 and start["workload_pick"] == "shared system prompts"
+    assert {"line", "point", "rule", "text", "bar"} <= marks(spec)
+    assert {"prefix-cache hit rate", "time to first token (ms)", "KV pool (log scale)"} <= set(axis_titles(spec))
+    # Both panels filter on the two controls; the default pool is a rule, not a grid point.
+    filters = [f for f in walk(spec, "filter") if isinstance(f, str)]
+    assert any("workload_pick" in f and "log2_pool_gib" in f for f in filters)
+    assert all(not v for data in spec["datasets"].values() for row in data for k, v in row.items()
+               if k == "default_pool")
+
+
+def test_gain_and_other_tables(small_sweep):
+    html = chapter.gain_table(small_sweep[small_sweep["default_pool"]]).to_html()
+    assert "P99 TTFT, on (ms)" in html and "multi-turn chats" in html
+    html = chapter.preemption_table(small_sweep, "multi-turn chats", [16, 32]).to_html()
+    assert "tokens recomputed, off" in html
+    table = chapter.workload_table({"w": bl.shared_prefix(40, 2, 2, 64, 16, 4, rate_req_s=2.0, seed=0)})
+    assert table.loc[0, "n_requests"] == 40 and table.loc[0, "prompt_tokens"] == 80
+    assert table.loc[0, "bound"] == pytest.approx(shared_prefix_hit_rate(40, 2, 2, 64, 16))
+
+
+def test_budget_chart_spec_shares_labels_of_coinciding_budgets():
+    rows = [(True, b, 22.0, 55.0) for b in (2048, 4096, 8192)] + [(True, 512, 15.0, 65.0)]
+    rows += [(False, b, 10.0 * b / 256, 600.0 + 256e3 / b) for b in (256, 1024, 4096)]
+    points = pd.DataFrame(rows, columns=["caching", "max_num_batched_tokens", "p99_itl_ms", "p99_ttft_ms"])
+    points["prefix_cache_hit_rate"] = np.where(points["caching"], 0.8, 0.0)
+    spec = chapter.budget_chart(points).to_dict()
+    assert {"line", "text"} <= marks(spec) and spec["layer"][0]["mark"]["point"] is True
+    scales = [e[ch]["scale"]["type"] for e in walk(spec, "encoding") for ch in ("x", "y")
+              if ch in e and "scale" in e[ch]]
+    assert scales and set(scales) == {"log"}
+    data = next(iter(spec["datasets"].values()))
+    labels = {row["budgets"] for row in data if row["first"]}
+    assert labels == {"2,048 to 8,192", "512", "256", "1,024", "4,096"}
+    assert {"P99 time to first token (ms, log scale)", "P99 inter-token latency (ms, log scale)"} <= set(
+        axis_titles(spec))
