@@ -56,6 +56,7 @@ RADIO_PAGES = {
     "notebooks/08_two_knobs": 3,  # max_num_seqs, max_num_batched_tokens and the request rate
     "notebooks/11_fact_check": 1,
     "notebooks/12_tuning": 3,  # workload, SLO (in ms) and load of the goodput map
+    "notebooks/13_prefix_caching": 2,  # workload and KV pool (in GiB) of the hit-rate chart
 }
 
 
