@@ -316,13 +316,18 @@ def tune(requests, cost, slo: SLO, *, max_num_seqs=None, max_num_batched_tokens=
     1. goodputs within ``goodput_rel_tol`` of the largest, ``goodput >= (1 - goodput_rel_tol) * max``, are ties;
     2. of the tied settings, only those whose goodput is also at least the defaults' are candidates (the largest
        always is one), so the best's goodput is never below the defaults';
-    3. the candidate with the most SLO headroom wins: the smallest ``slo_load`` (:meth:`SLO.load`), the largest
-       ratio of a bounded latency's percentile (``slo.percentile``, p99 by default) to its bound, e.g.
-       ``max(p99_ttft_ms / 500, p99_tpot_ms / 50)``; a setting whose ``slo_load`` is NaN comes last;
-    4. then the smaller ``max_num_seqs``, ``max_num_batched_tokens`` (and ``long_prefill_token_threshold``), in
+    3. the candidates with the most SLO headroom remain: the smallest ``slo_load`` (:meth:`SLO.load`), the
+       largest ratio of a bounded latency's percentile (``slo.percentile``, p99 by default) to its bound, e.g.
+       ``max(p99_ttft_ms / 500, p99_tpot_ms / 50)`` (equal loads, to rounding, tie: settings that produce the
+       same run); a setting whose ``slo_load`` is NaN comes last;
+    4. of those, the one nearest vLLM's defaults wins (the smallest sum of ``|log2(knob / default)|``): when the
+       traffic cannot tell settings apart, a knob that does not bind is left where vLLM puts it, rather than
+       lowered to a cap that the same traffic at a higher rate would hit;
+    5. then the smaller ``max_num_seqs``, ``max_num_batched_tokens`` (and ``long_prefill_token_threshold``), in
        that order, so the answer is deterministic.
 
-    With ``goodput_rel_tol=0`` only the largest goodput ties, and the best is a setting with the largest goodput.
+    With ``goodput_rel_tol=0`` only the largest goodput and the smallest load tie, and the best is a setting with
+    the largest goodput.
 
     Parameters
     ----------
@@ -386,7 +391,11 @@ def tune(requests, cost, slo: SLO, *, max_num_seqs=None, max_num_batched_tokens=
     goodput = accepted["request_goodput"]
     floor = max((1 - tol) * goodput.max(), float(table.loc[is_default, "request_goodput"].iloc[0]))
     candidates = accepted[goodput >= floor]  # tied with the largest and at least the defaults' (the largest is)
-    order = candidates.sort_values(["slo_load", *keys], ascending=True, na_position="last", kind="mergesort")
+    load = candidates["slo_load"]
+    if load.notna().any():  # the most headroom, and loads within the tolerance of it
+        candidates = candidates[load <= load.min() * (1 + 1e-9)]
+    distance = sum(np.abs(np.log2(candidates[k].clip(lower=1) / max(v, 1))) for k, v in default.items())
+    order = candidates.assign(_distance=distance).sort_values(["_distance", *keys], kind="mergesort")
     best = _point(order.iloc[0])
     defaults = _point(table[is_default].iloc[0])
     frontier = pareto_front(accepted, "request_goodput", "p99_ttft_ms")

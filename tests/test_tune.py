@@ -218,14 +218,21 @@ def test_tune_marks_refused_pairs_and_finds_defaults_in_the_grid(loaded, cost8b)
     assert t.table["vllm_default"].sum() == 1
 
 
-def test_tune_equal_runs_break_by_smaller_knobs(engine8b):
-    # requests far apart each run alone with one chunk: every pair gives the same run
+def test_tune_equal_runs_keep_the_knobs_nearest_vllms_defaults(engine8b):
+    # requests far apart each run alone with one chunk: every pair gives the same run, so no knob binds and the
+    # pick is vLLM's defaults (1,024 seqs, 8,192 tokens on an H100) or, off the grid, the pair nearest them
     sparse = bl.Requests(np.arange(5) * 10.0, [500] * 5, [5] * 5)
     for tol in (0.01, 0.0):
         t = bl.tune(sparse, engine8b, bl.SLO(ttft_ms=500), max_num_seqs=[64, 4, 16],
                     max_num_batched_tokens=[2048, 1024], progress=False, goodput_rel_tol=tol)
         assert t.table["request_goodput"].nunique() == 1 and t.table["slo_load"].nunique() == 1
-        assert (t.best["max_num_seqs"], t.best["max_num_batched_tokens"]) == (4, 1024)
+        assert (t.best["max_num_seqs"], t.best["max_num_batched_tokens"]) == (1024, 8192)
+    grid_only = bl.tune(sparse, engine8b, bl.SLO(ttft_ms=500), max_num_seqs=[64, 4, 16, 1024],
+                        max_num_batched_tokens=[2048, 1024, 8192], progress=False)
+    assert (grid_only.best["max_num_seqs"], grid_only.best["max_num_batched_tokens"]) == (1024, 8192)
+    capped = bl.tune(sparse, engine8b, bl.SLO(ttft_ms=500), max_num_seqs=[4, 16, 64],
+                     max_num_batched_tokens=[1024, 2048], goodput_rel_tol=0.5, progress=False, max_model_len=0)
+    assert capped.table["request_goodput"].nunique() == 1
 
 
 # A steady stream of 1,500-token prompts every 0.2 s: every setting serves it all and goodput differs only in how
@@ -249,7 +256,8 @@ def test_tune_takes_the_tied_setting_with_the_most_slo_headroom(cost8b):
     res = bl.simulate(STEADY, "chunked", cost8b, max_num_seqs=64, max_num_batched_tokens=8192)
     s = res.summary()
     assert one_chunk["slo_load"] == pytest.approx(max(s["p99_ttft_ms"] / 100, s["p99_tpot_ms"] / 200), rel=1e-12)
-    assert (t.best["max_num_seqs"], t.best["max_num_batched_tokens"]) == (64, 8192)  # lower p99 / bound
+    # lower p99 / bound; the defaults (1,024 seqs, 8,192 tokens) give the very same run, so they keep their cap
+    assert (t.best["max_num_seqs"], t.best["max_num_batched_tokens"]) == (1024, 8192)
     assert t.best["slo_load"] == one_chunk["slo_load"] < two_chunks["slo_load"]
     assert t.best["request_goodput"] == t.defaults["request_goodput"] and t.gain == 1.0  # the default's run too
     # goodput_rel_tol=0: only the largest goodput ties, the strict-max answer
@@ -269,7 +277,7 @@ def test_tune_never_picks_below_the_defaults_goodput(cost8b):
     small = _row(t, 8, 1024)
     assert 0.99 * t.defaults["request_goodput"] < small["request_goodput"] < t.defaults["request_goodput"]
     assert small["slo_load"] == t.table["slo_load"].min() < t.defaults["slo_load"]  # the most headroom, yet
-    assert (t.best["max_num_seqs"], t.best["max_num_batched_tokens"]) == (8, 8192)  # the defaults' run, smaller cap
+    assert (t.best["max_num_seqs"], t.best["max_num_batched_tokens"]) == (1024, 8192)  # the defaults' run: theirs
     assert t.best["request_goodput"] == t.defaults["request_goodput"] and t.gain == 1.0
 
 
