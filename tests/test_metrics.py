@@ -163,3 +163,53 @@ def test_tokens_per_step_counts_every_token_once(cost8b):
     opens = (static.steps["prefill_tokens"] > 0).to_numpy()
     assert (metrics.tokens_per_step(static)[opens] == static.steps["running"].to_numpy()[opens]).all()
     assert (metrics.tokens_per_step(static) < static.steps["running"].to_numpy()).any()
+
+
+# -- hand-worked cases that catch unit and peak mix-ups (issue 16's planted bugs) ----------------------------
+def test_goodput_by_hand_counts_slos_in_seconds():
+    """Three requests over 2 s of a run: TTFTs of 0.1, 0.25 and 0.5 s, TPOTs of 20, 40 and 60 ms. The SLOs are
+    seconds, so a TTFT SLO of 0.3 s passes two of three (1 req/s); one that compared milliseconds (100, 250, 500)
+    against 0.3 would pass none."""
+    frame = pd.DataFrame({"arrival_s": [0.0, 0.5, 1.0], "finish_s": [1.0, 1.5, 2.0], "rejected": [False] * 3,
+                          "ttft_s": [0.1, 0.25, 0.5], "tpot_s": [0.02, 0.04, 0.06], "e2el_s": [1.0, 1.0, 1.0]})
+    assert metrics.goodput(frame, ttft_s=0.3) == 1.0
+    assert metrics.goodput(frame, tpot_s=0.05) == 1.0
+    assert metrics.goodput(frame, ttft_s=0.3, tpot_s=0.03) == 0.5
+    assert metrics.goodput(frame, e2el_s=1.0) == 1.5  # <= counts as met
+    assert metrics.goodput(frame, ttft_s=0.5, tpot_s=0.06, e2el_s=1.0) == 1.5
+    with pytest.raises(ValueError, match="ttft_s SLO must be > 0 seconds"):
+        metrics.goodput(frame, ttft_s=0.0)
+
+
+def test_goodput_of_one_run_by_hand(cost8b):
+    """One 1,000-token prompt alone: its TTFT is the prefill, so an SLO 1 % above it is met and 1 % below is not."""
+    c = cost8b.ideal()
+    res = bl.simulate(bl.Requests([0.0], [1000], [4]), "chunked", c)
+    ttft = c.prefill_time(1000)
+    duration = res.summary()["duration"]
+    assert res.goodput(ttft_s=ttft * 1.01) == pytest.approx(1 / duration, rel=1e-12)
+    assert res.goodput(ttft_s=ttft * 0.99) == 0.0
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
+def test_compute_util_divides_by_the_peak_of_the_weight_dtype(h100, dtype):
+    """A step's compute_util is its FLOPs over (peak FLOP/s of the weights' dtype x its duration): FP8 weights run
+    at the FP8 peak (twice BF16's on an H100), so dividing by the BF16 peak would double it. On the ideal model a
+    long prefill is compute-bound with its GEMMs at 100 % of that peak, so its utilisation is just under 1."""
+    c = bl.CostModel(h100, bl.get_model("llama-3-8b"), dtype=dtype).ideal()
+    res = bl.simulate(bl.Requests([0.0], [8000], [3]), "chunked", c, max_num_batched_tokens=8192)
+    st = res.steps
+    peak = h100.flops_fp8 if dtype == "fp8" else h100.flops_bf16
+    np.testing.assert_allclose(st.compute_util, st.flops / (peak * st.duration_s), rtol=1e-12)
+    prefill = st.iloc[0]
+    assert prefill["bound"] == "compute"
+    assert 0.85 < prefill["compute_util"] <= 1.0  # attention at eta 1 too; the LM head and memory terms add time
+    assert (st.compute_util <= 1.0 + 1e-12).all() and (st.bandwidth_util <= 1.0 + 1e-12).all()
+
+
+def test_fp8_compute_util_is_bounded_by_its_efficiencies(cost70b_fp8):
+    res = bl.simulate(bl.synthetic(60, 2000, 50, 1.0, 1.0, rate_req_s=20.0, seed=2, max_tokens=3000), "chunked",
+                      cost70b_fp8, max_model_len=4096)
+    st = res.steps
+    assert (st.compute_util > 0).all()
+    assert (st.compute_util <= max(cost70b_fp8.eta_compute, cost70b_fp8.eta_attn) + 1e-9).all()
