@@ -68,11 +68,23 @@ def test_prefill_of_8000_tokens(ideal8b, h100):
 
 
 def test_flat_then_linear(ideal8b):
-    batch = np.array([1, 2, 4, 8, 16, 32, 64, 128, 256])
+    """A decode step at context 0 on the ideal model, by hand: max(2 P' b / F, 2 P' / BW) for the body,
+    k b / BW for the KV written, max(2 V d b / F, 2 V d / BW) for the LM head."""
+    m, F, BW = ideal8b.model, 989.4e12, 3.35e12
+    body, k, vd = m.body_params, ideal8b.kv_bytes_per_token, m.vocab * m.d_model
+
+    def by_hand(b):
+        return max(2 * body * b / F, 2 * body / BW) + k * b / BW + max(2 * vd * b / F, 2 * vd / BW)
+
+    batch = np.array([1, 2, 4, 8, 16, 32, 64, 128, 256, 600, 1200])
     t = ideal8b.decode_step_time(batch, 0)
-    assert t[-1] / t[0] < 1.01  # below the ridge, more sequences are nearly free
-    big = ideal8b.decode_step_time(np.array([600, 1200]), 0)
-    assert big[1] / big[0] == pytest.approx(2.0, rel=0.02)  # past the ridge, linear in batch
+    np.testing.assert_allclose(t, [by_hand(b) for b in batch], rtol=1e-12)
+    # Below the ridge (295.3) more sequences are nearly free: 256 of them cost 0.8 % more than one ...
+    assert t[8] / t[0] == pytest.approx(1 + 255 * k / BW / by_hand(1), rel=1e-9)
+    assert 1.0 < t[8] / t[0] < 1.01
+    # ... past it the step is linear in the batch, so doubling 600 sequences doubles it but for the fixed
+    # weight-free terms: exactly 2 when both sides are compute-bound.
+    assert t[10] / t[9] == pytest.approx(2.0, rel=1e-12)
 
 
 def test_breakdown_parts_add_up(cost8b):
@@ -81,9 +93,27 @@ def test_breakdown_parts_add_up(cost8b):
                                       + b.cpu_s)
     assert b.lm_head_s > 0
     assert b.comm_s == 0 and b.elementwise_s > 0
-    assert b.bound in ("compute", "memory")
     assert cost8b.step_breakdown(decode_contexts=[100]).bound == "memory"
     assert cost8b.step_breakdown(prefill_chunks=[(8000, 0)]).bound == "compute"
+
+
+def test_bound_flips_where_the_math_passes_the_traffic(h100):
+    """``bound`` is "compute" when GEMM and attention math take longer than weights, KV and activations over HBM.
+    On the ideal model (no elementwise term) a prefill of T new tokens at no context has math 2 P' T / F plus
+    attention 2 L d T^2 / F, against traffic 2 P' / BW + k T / BW: it flips between T = 295 and 296 tokens for
+    Llama-3-8B (the ridge point less a hair for the KV written)."""
+    c = bl.CostModel(h100, bl.get_model("llama-3-8b")).ideal()
+    m, F, BW = c.model, 989.4e12, 3.35e12
+    d, k = m.heads * m.head_dim, c.kv_bytes_per_token
+
+    def compute_bound(T):
+        math_s = (2 * m.body_params * T + 2 * m.layers * d * T * T) / F
+        return math_s > (2 * m.body_params + k * T) / BW
+
+    flip = next(T for T in range(1, 1000) if compute_bound(T))
+    assert flip in (295, 296)
+    assert c.step_breakdown(prefill_chunks=[(flip - 1, 0)], sampled_chunks=0).bound == "memory"
+    assert c.step_breakdown(prefill_chunks=[(flip, 0)], sampled_chunks=0).bound == "compute"
 
 
 def test_mixed_step_matches_the_formula_by_hand(h100):
@@ -109,6 +139,15 @@ def test_mixed_step_matches_the_formula_by_hand(h100):
     assert c.step_time(chunks, ctx, sampled_chunks=1) == pytest.approx(gemm + one_row + attn + elementwise + 2e-3,
                                                                        rel=1e-12)
     assert c.ideal().eta_elementwise is None  # DESIGN's pure roofline has no elementwise term
+    # FLOPs and bytes of the step by hand: GEMMs, attention and the LM head's 5 rows; body weights, the LM head's,
+    # the KV read and written, the activations.
+    b = c.step_breakdown(chunks, ctx)
+    assert b.flops == pytest.approx(2 * body * T + f_attn + 2 * 5 * m.vocab * m.d_model, rel=1e-12)
+    act = T * L * (8 * 4096 + 2 * 40 * 128 + 3 * 14336) * 2
+    assert b.hbm_bytes == pytest.approx(2 * body + b_kv + act + m.vocab * m.d_model * 2, rel=1e-12)
+    math_s = 2 * body * T / (0.5 * F) + f_attn / (0.4 * F)
+    traffic_s = 2 * body / (0.7 * BW) + b_kv / (0.7 * BW) + act / (0.6 * BW)
+    assert b.bound == ("compute" if math_s > traffic_s else "memory") == "compute"  # 10 ms of math, 6 of weights
 
 
 def test_serving_terms(cost8b):

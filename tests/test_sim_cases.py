@@ -15,8 +15,12 @@ def test_static_with_equal_lengths_has_no_padding(cost8b):
     r = bl.Requests(np.zeros(12), [500] * 12, [100] * 12)
     s = bl.simulate(r, "static", cost8b, batch_size=4).summary()
     assert s["padding_fraction"] == 0.0
+    # Each batch of four holds two outputs of 100 and two of 300: two rows pad 200 decode tokens each (400) out of
+    # 4 x (500 + 300 - 1) = 3,196 token slots, in each of the three batches.
     r2 = bl.Requests(np.zeros(12), [500] * 12, [100, 300] * 6)
-    assert bl.simulate(r2, "static", cost8b, batch_size=4).summary()["padding_fraction"] > 0
+    res2 = bl.simulate(r2, "static", cost8b, batch_size=4)
+    assert res2.summary()["padding_fraction"] == pytest.approx(400 / 3196, rel=1e-12)
+    assert res2.requests["padded_tokens"].tolist() == [200, 0] * 6
 
 
 def test_static_one_long_output_holds_five_short_ones_hostage(cost8b):
@@ -66,7 +70,11 @@ def test_orca_step_that_admits_a_long_prompt_lasts_the_whole_prefill(cost8b):
     s = sched[(sched.request == 4) & (sched.kind == "prefill")].step.item()
     ctx = sched[(sched.step == s) & (sched.kind == "decode")]
     assert len(ctx) == 4
-    assert steps.duration_s[s] >= cost8b.prefill_time(8000)
+    # The step is the 8,000-token prefill plus the four decodes, each at context 100 + s - 1 (its prompt and the
+    # s - 1 tokens decoded since the prefill step 0): both sides of the bound, to the last bit.
+    assert steps.duration_s[s] == pytest.approx(
+        cost8b.step_time([(8000, 0)], [100 + s - 1] * 4, asynchronous=False), rel=1e-12)
+    assert steps.duration_s[s] > cost8b.prefill_time(8000)
     # The decoders' inter-token gap across that step is the whole step.
     gaps = np.diff(res.token_times[0])
     assert gaps.max() == pytest.approx(steps.duration_s[s])
