@@ -3,7 +3,9 @@
 :func:`tuning_grid` runs :func:`batchlab.tune` for every workload, SLO and load of the chapter and keeps, per
 combination, the whole knob grid (:data:`GRID_COLUMNS`) and one line for the tuner's pick and vLLM's default
 (:data:`PICK_COLUMNS`); the pick is :func:`batchlab.tune`'s: of the goodputs within 1 % of the largest (and at
-least the default's), the one with the most SLO headroom, the smallest ``slo_load`` (largest p99 / bound).
+least the default's), those with the most SLO headroom, the smallest ``slo_load`` (largest p99 / bound), and of
+those (equal loads, to rounding: the same run) the one nearest vLLM's default, the smallest sum of
+``|log2(knob / default)|``, so a knob the traffic never presses stays where vLLM puts it.
 :func:`headroom` adds the largest rate each of the two sustains under the SLO (:func:`batchlab.max_rate`).
 :func:`goodput_map_chart` draws the goodput map over the knob grid, the pick and the default marked, behind
 buttons for the workload, the SLO and the load; :func:`picks_table` and :func:`headroom_table` format the
@@ -193,11 +195,23 @@ def _knob(frame: pd.DataFrame, who: str) -> pd.Series:
     return seqs.map("{:,}".format) + " / " + tokens.map("{:,}".format)
 
 
+def is_default_pick(frame: pd.DataFrame) -> pd.Series:
+    """Whether each row's pick is vLLM's default pair itself (the tuner confirms the default). Used in chapter 12."""
+    return ((frame["best_max_num_seqs"] == frame["default_max_num_seqs"])
+            & (frame["best_max_num_batched_tokens"] == frame["default_max_num_batched_tokens"]))
+
+
+def _pick_knob(frame: pd.DataFrame) -> pd.Series:
+    """The pick's knobs, ``"1,024 / 8,192 (vLLM default)"`` where the pick is the default."""
+    return _knob(frame, "best") + np.where(is_default_pick(frame), " (vLLM default)", "")
+
+
 def picks_table(picks: pd.DataFrame, slo_names: dict, workload_names: dict):
-    """The tuner's pick against vLLM's default per workload, SLO and load, formatted: knobs, goodput, the gain and
-    the SLO load (largest p99 / bound) the pick was chosen by. Used in chapter 12."""
+    """The tuner's pick against vLLM's default per workload, SLO and load, formatted: knobs (marked where the pick
+    is the default), goodput, the gain and the SLO load (largest p99 / bound) the pick was chosen by. Used in
+    chapter 12."""
     shown = picks.assign(workload=picks["workload"].map(workload_names), slo=picks["slo"].map(slo_names),
-                         best=_knob(picks, "best"), default=_knob(picks, "default"))
+                         best=_pick_knob(picks))
     rate, share = "{:.1f}".format, "{:.2f}".format
     return viz.display_table(shown, {
         "workload": ("workload", str), "slo": ("SLO", str), "rate_req_s": ("rate (req/s)", rate),
@@ -207,19 +221,25 @@ def picks_table(picks: pd.DataFrame, slo_names: dict, workload_names: dict):
 
 
 def headroom_table(rates: pd.DataFrame, slo_names: dict, workload_names: dict):
-    """:func:`headroom` formatted: the largest rate under each SLO, best against default. Used in chapter 12."""
+    """:func:`headroom` formatted: the largest rate under each SLO, best against default, and best as a share of
+    the default's (100 % or more where the pick sustains at least the default's rate; a dash where no rate holds
+    for the default). Used in chapter 12."""
     shown = rates.assign(workload=rates["workload"].map(workload_names), slo=rates["slo"].map(slo_names),
-                         best=_knob(rates, "best"))
+                         best=_pick_knob(rates))
     rate = "{:.1f}".format
 
     def largest(v):
         return "none holds" if v == 0 else f"{v:.1f}"
 
+    def share(v):
+        return "–" if not np.isfinite(v) else f"{v:.0%}"
+
     return viz.display_table(shown, {
         "workload": ("workload", str), "slo": ("SLO", str), "rate_req_s": ("tuned at (req/s)", rate),
         "best": ("best: max_num_seqs / max_num_batched_tokens", str),
         "best_max_rate_req_s": ("best: largest rate (req/s)", largest),
-        "default_max_rate_req_s": ("vLLM default: largest rate (req/s)", largest)})
+        "default_max_rate_req_s": ("vLLM default: largest rate (req/s)", largest),
+        "rate_ratio": ("best / default (largest rate)", share)})
 
 
 def _map_data(grid: pd.DataFrame, workloads, slos, loads) -> pd.DataFrame:
@@ -239,15 +259,21 @@ def _map_data(grid: pd.DataFrame, workloads, slos, loads) -> pd.DataFrame:
 
 
 def _map_readout(picks: pd.DataFrame, workloads, slos, loads) -> pd.DataFrame:
-    """Two lines per combination, read above the map: the pick, the default, and the gain."""
+    """Two lines per combination, read above the map: the pick, then the default and the gain (or, where the pick
+    is the default, that it is)."""
     rows = picks.assign(workload_i=picks["workload"].map({w: i for i, w in enumerate(workloads)}),
                         slo_i=picks["slo"].map({s: i for i, s in enumerate(slos)}),
                         load_i=picks["load"].map({float(v): i for i, v in enumerate(loads)}))
-    rows["label"] = [
-        f"pick: {r.best_max_num_seqs:,} sequences, {r.best_max_num_batched_tokens:,} tokens, goodput "
-        f"{r.best_goodput:.2f} req/s, p99/bound {r.best_slo_load:.2f}\nvLLM default: {r.default_goodput:.2f} req/s, "
-        f"p99/bound {r.default_slo_load:.2f}; pick ×{r.gain:.2f}; offered {r.rate_req_s:.1f} req/s"
-        for r in rows.itertuples(index=False)]
+
+    def label(r, same):
+        pick = (f"pick: {r.best_max_num_seqs:,} sequences, {r.best_max_num_batched_tokens:,} tokens, goodput "
+                f"{r.best_goodput:.2f} req/s, p99/bound {r.best_slo_load:.2f}")
+        if same:
+            return f"{pick}\nthe pick is the vLLM default itself (×{r.gain:.2f}); offered {r.rate_req_s:.1f} req/s"
+        return (f"{pick}\nvLLM default: {r.default_goodput:.2f} req/s, p99/bound {r.default_slo_load:.2f}; "
+                f"pick ×{r.gain:.2f}; offered {r.rate_req_s:.1f} req/s")
+
+    rows["label"] = [label(r, same) for r, same in zip(rows.itertuples(index=False), is_default_pick(rows))]
     return rows[["workload_i", "slo_i", "load_i", "label"]]
 
 
@@ -268,11 +294,12 @@ def goodput_map_chart(grid: pd.DataFrame, picks: pd.DataFrame, workload_names: d
     Returns
     -------
     altair chart: two lines reading the selection (the tuner's pick, its goodput and p99 / bound, the
-    default's, the gain, the offered rate), over a heatmap with the token budget across (tokens, powers of two: a
-    log-2 axis) and the sequence cap down (sequences), each cell coloured by its goodput as a share of the largest
-    at that selection and labelled with its goodput (req/s); the pick is a black square, vLLM's default a diamond,
-    pairs vLLM refuses a cross, and cells whose p99 latencies hold the SLO are outlined. Three rows of radio buttons
-    pick the workload, the SLO (labelled in ms) and the load.
+    default's, the gain, the offered rate; where the pick is the default, that it is), over a heatmap with the
+    token budget across (tokens, powers of two: a log-2 axis) and the sequence cap down (sequences), each cell
+    coloured by its goodput as a share of the largest at that selection and labelled with its goodput (req/s); the
+    pick is a black square, vLLM's default a diamond, pairs vLLM refuses a cross, and cells whose p99 latencies
+    hold the SLO are outlined. Three rows of radio buttons pick the workload, the SLO (labelled in ms) and the
+    load.
     """
     workloads, slos, loads = list(workload_names), list(slo_names), list(load_names)
     data = _map_data(grid, workloads, slos, loads)

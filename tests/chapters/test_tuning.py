@@ -1,9 +1,10 @@
 """Chapter 12 (tuning for your traffic): the tuning grid's layout and invariants (one pick and one default per
 workload, SLO and load, the pick's goodput within 1 % of the largest and at least the default's, chosen by the
-smallest p99 / bound among those, refused pairs without numbers), the picks against the grid, the headroom
-against simulation, goodput and p99 read as two tests, the example trace read back by the loaders, the tables'
-headers, and the goodput map's spec (three radio rows labelled in words and ms, a heatmap on the two knobs in
-tokens and sequences, the pick, default and refused marks, the readout filtered by all three controls)."""
+smallest p99 / bound among those and, among equal loads, nearest vLLM's default; refused pairs without numbers),
+the picks against the grid, the headroom against simulation, goodput and p99 read as two tests, the example trace
+read back by the loaders, the tables' headers, the pick marked where it is the default, and the goodput map's spec
+(three radio rows labelled in words and ms, a heatmap on the two knobs in tokens and sequences, the pick, default
+and refused marks, the readout filtered by all three controls)."""
 from __future__ import annotations
 
 import numpy as np
@@ -42,10 +43,18 @@ def test_tuning_grid_layout_and_invariants(tuned):
         top, dflt = g["request_goodput"].max(), g.loc[g["vllm_default"], "request_goodput"].item()
         assert best["request_goodput"] >= max(0.99 * top, dflt) and best["share_of_top"] >= 0.99
         candidates = g[~g["vllm_refuses"] & (g["request_goodput"] >= max(0.99 * top, dflt))]
-        assert best["slo_load"] == candidates["slo_load"].min()  # the most headroom among the ties
-        smaller = candidates[(candidates["slo_load"] == best["slo_load"])
-                             & (candidates["max_num_seqs"] < best["max_num_seqs"])]
-        assert smaller.empty  # then the smaller cap
+        least = candidates["slo_load"].min()
+        assert best["slo_load"] == pytest.approx(least, rel=1e-9)  # the most headroom among the ties
+        full_ties = candidates[candidates["slo_load"] <= least * (1 + 1e-9)]  # equal loads: the same run
+        distance = (np.abs(np.log2(full_ties["max_num_seqs"] / 1024))
+                    + np.abs(np.log2(full_ties["max_num_batched_tokens"] / 8192)))
+        best_distance = abs(np.log2(best["max_num_seqs"] / 1024)) + abs(np.log2(best["max_num_batched_tokens"] / 8192))
+        assert best_distance == distance.min()  # then the pair nearest vLLM's default
+        nearer = full_ties[(distance < best_distance)
+                           | ((distance == best_distance) & (full_ties["max_num_seqs"] < best["max_num_seqs"]))]
+        assert nearer.empty  # and, equally near, the smaller cap
+        if full_ties["vllm_default"].any():  # the traffic cannot tell the default from the pick: the default
+            assert best["vllm_default"]
         refused = g[g["vllm_refuses"]]
         assert refused[["max_num_seqs", "max_num_batched_tokens"]].values.tolist() == [[1024, 512]]
         assert refused["share_of_top"].isna().all() and refused["p99_ttft_ms"].isna().all()
@@ -120,6 +129,24 @@ def test_tables_have_units_in_their_headers(cost8b, tuned):
     rates = picks.iloc[:1].assign(best_max_rate_req_s=0.0, default_max_rate_req_s=12.34, rate_ratio=np.nan)
     html = chapter.headroom_table(rates, SLO_NAMES, WORKLOADS).to_html()
     assert "none holds" in html and "12.3" in html and "largest rate (req/s)" in html
+    assert "best / default (largest rate)" in html and "–" in html
+    rates = rates.assign(best_max_rate_req_s=13.0, rate_ratio=13.0 / 12.34)
+    assert "105%" in chapter.headroom_table(rates, SLO_NAMES, WORKLOADS).to_html()
+
+
+def test_pick_that_is_the_default_is_marked(tuned):
+    _, picks = tuned
+    same = picks.assign(best_max_num_seqs=1024, best_max_num_batched_tokens=8192)
+    moved = picks.assign(best_max_num_seqs=64, best_max_num_batched_tokens=2048)
+    assert chapter.is_default_pick(same).all() and not chapter.is_default_pick(moved).any()
+    assert "1,024 / 8,192 (vLLM default)" in chapter.picks_table(same, SLO_NAMES, WORKLOADS).to_html()
+    assert "(vLLM default)" not in chapter.picks_table(moved, SLO_NAMES, WORKLOADS).to_html()
+    labels = chapter._map_readout(same, list(WORKLOADS), SLOS, list(LOADS))["label"]
+    assert labels.str.startswith("pick: 1,024 sequences, 8,192 tokens").all()
+    assert labels.str.contains("\nthe pick is the vLLM default itself").all()
+    labels = chapter._map_readout(moved, list(WORKLOADS), SLOS, list(LOADS))["label"]
+    assert labels.str.startswith("pick: 64 sequences, 2,048 tokens").all()
+    assert labels.str.contains("\nvLLM default: ").all() and not labels.str.contains("itself").any()
 
 
 def test_goodput_map_chart_spec(tuned):
@@ -146,7 +173,10 @@ def test_goodput_map_chart_spec(tuned):
                                                   and d["max_num_batched_tokens"] == 8192 for d in cells)
     readout = [d for ds in spec["datasets"].values() for d in ds if "label" in d]
     assert len(readout) == 4 and all("vLLM default" in d["label"] and "\n" in d["label"] for d in readout)
-    assert all(d["label"].count("p99/bound") == 2 for d in readout)
+    at_default = chapter.is_default_pick(picks).sum()  # their second line says so instead of repeating the run
+    itself = [d["label"].count("p99/bound") == 1 and "vLLM default itself" in d["label"] for d in readout]
+    assert sum(itself) == at_default
+    assert sum(d["label"].count("p99/bound") == 2 for d in readout) == 4 - at_default
     assert any(t.get("field") == "slo_load" for t in walk(spec, "tooltip") for t in t if isinstance(t, dict))
 
 
