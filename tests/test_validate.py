@@ -21,7 +21,8 @@ from rawdata import raw_folder
 ROOT = Path(__file__).resolve().parent.parent
 GENERAL_7B = "20260217-231439-llama-2-7b-tp1-general"  # two stages: 8 then 20 req/s, 600 s each
 ROLEPLAY_7B = "20260217-162547-llama-2-7b-tp1-roleplay/stage_0"
-SMALL_CLOSED = "2026_04_06_llama_3_1_70b_h200_sxm_vllm_fp8_agg_1024x1024_c4_tp2_ep1_913"
+SMALL_CLOSED = "2026_04_06_llama_3_1_70b_h200_sxm_vllm_fp8_agg_1024x1024_c4_tp2_ep1_913"  # an InferenceX row
+UNRECORDED_CLOSED = "qwen_qwen3_32b_qwen_qwen3_32b_h100_sxm_vllm_agg_1024x128_c8_tp2_epnone_1"  # client not recorded
 
 
 def e2e_dir() -> Path:
@@ -73,6 +74,9 @@ def test_table_holds_the_raw_numbers(runs):
         assert (row["ttft_ms"], row["tpot_ms"]) == (a["silicon_ttft_ms"], a["silicon_tpot_ms"])
         assert (row["isl"], row["osl"], row["concurrency"], row["tp"]) == (a["isl"], a["osl"], a["batch_size"],
                                                                           a["tp_size"])
+        # InferenceX's export names a dated file and the model: "source_file=2026-04-06.csv; model=...".
+        inferencex = a["silicon_data_source"].startswith("source_file=2026-04-06.csv; model=Llama-3.1-70B;")
+        assert (row["client"] == raw.INFERENCEX) == inferencex
 
 
 def test_table_layout(runs):
@@ -82,7 +86,14 @@ def test_table_layout(runs):
     assert (runs["gpu_memory_utilization"] == 0.9).all()
     assert (runs[["ttft_ms", "tpot_ms", "e2e_ms"]] > 0).all().all()
     closed = runs[runs["set"] == "aiconfigurator"]
-    assert (closed["n_requests"] == np.maximum(8 * closed["concurrency"], 200)).all()
+    imx = closed["client"] == raw.INFERENCEX
+    assert set(closed.loc[imx, "model"]) == {"llama-3.1-70b"} and imx.sum() == 90
+    assert (closed.loc[imx, "n_requests"] == 10 * closed.loc[imx, "concurrency"]).all()
+    assert (closed.loc[imx, "max_num_seqs"] == closed.loc[imx, "concurrency"]).all()
+    assert (closed.loc[imx, "max_num_batched_tokens"] == 8192).all() and (closed.loc[imx, "range_ratio"] == 0.8).all()
+    other = closed[~imx]
+    assert (other["n_requests"] == np.maximum(8 * other["concurrency"], 200)).all()
+    assert other["max_num_seqs"].isna().all() and other["range_ratio"].isna().all() and (other["client"] == "").all()
     assert closed["e2e_ms"].to_numpy() == pytest.approx(
         (closed["ttft_ms"] + closed["tpot_ms"] * (closed["osl"] - 1)).to_numpy())
     assert (closed.loc[closed["model_id"].str.endswith("-FP8"), "dtype"] == "fp8").all()
@@ -185,18 +196,33 @@ def test_stages_drain_and_the_cache_stays_warm(general):
 
 # -- closed-loop streams ----------------------------------------------------------------------------
 
+def _in_flight_at_most(result, n, c):
+    r = result.requests
+    events = np.concatenate([np.stack([r["sent_s"], np.ones(n)], 1), np.stack([r["finish_s"], -np.ones(n)], 1)])
+    events = events[np.lexsort((events[:, 1], events[:, 0]))]  # a finish before a send at the same instant
+    return np.cumsum(events[:, 1]).max() == c
+
+
 def test_closed_loop_stream_and_concurrency(runs):
+    """InferenceX: 10 x concurrency requests, lengths uniform in [int(0.8 x label), label]; not recorded:
+    max(8 x concurrency, 200) requests of exactly isl and osl tokens. Both keep ``concurrency`` in flight."""
     row = runs.set_index("run_id").loc[SMALL_CLOSED]
     requests, stages = validate.build_requests(SMALL_CLOSED)
+    n, c, isl, osl = (int(row[k]) for k in ("n_requests", "concurrency", "isl", "osl"))
+    assert len(requests) == n == 10 * c and (stages == 0).all()
+    assert (requests.arrival_s == 0).all() and requests.prefix_blocks is None
+    for tokens, label in ((requests.prompt_tokens, isl), (requests.output_tokens, osl)):
+        assert tokens.min() >= int(0.8 * label) and tokens.max() <= label and np.unique(tokens).size > n // 4
+    big = streams.random_lengths(1000, 0.8, 20000, np.random.default_rng(0))
+    assert (big.min(), big.max()) == (800, 1000) and big.mean() == pytest.approx(900, abs=2)
+    assert _in_flight_at_most(validate.simulate_run(SMALL_CLOSED)[0], n, c)
+    row = runs.set_index("run_id").loc[UNRECORDED_CLOSED]
+    requests, stages = validate.build_requests(UNRECORDED_CLOSED)
     n, c = int(row["n_requests"]), int(row["concurrency"])
     assert len(requests) == n == max(8 * c, 200) and (stages == 0).all()
     assert (requests.arrival_s == 0).all() and requests.prefix_blocks is None
     assert (requests.prompt_tokens == row["isl"]).all() and (requests.output_tokens == row["osl"]).all()
-    result, _ = validate.simulate_run(SMALL_CLOSED)
-    r = result.requests
-    events = np.concatenate([np.stack([r["sent_s"], np.ones(n)], 1), np.stack([r["finish_s"], -np.ones(n)], 1)])
-    events = events[np.lexsort((events[:, 1], events[:, 0]))]  # a finish before a send at the same instant
-    assert np.cumsum(events[:, 1]).max() == c
+    assert _in_flight_at_most(validate.simulate_run(UNRECORDED_CLOSED)[0], n, c)
 
 
 def test_knobs_and_cost(runs):
@@ -208,11 +234,15 @@ def test_knobs_and_cost(runs):
     cost = validate.cost_for(run_id)
     assert (cost.tp, cost.dtype, cost.kv_dtype) == (2, "bf16", "bf16")
     assert validate.knobs_for(run_id)["num_kv_blocks"] == cost.kv_pool_blocks(0.9, 16, 2048, 128)
-    closed = validate.knobs_for(SMALL_CLOSED, async_scheduling=False)
-    defaults = bl.vllm_defaults(bl.get_hardware("h200"))
-    assert closed["max_num_seqs"] == defaults["max_num_seqs"]
-    assert closed["max_num_batched_tokens"] == defaults["max_num_batched_tokens"]
+    closed = validate.knobs_for(SMALL_CLOSED, async_scheduling=False)  # InferenceX's recorded serve flags
+    assert (closed["max_num_seqs"], closed["max_num_batched_tokens"]) == (4, 8192)
     assert closed["max_concurrency"] == 4 and closed["async_scheduling"] is False
+    assert closed["enable_prefix_caching"] is False
+    unrecorded = validate.knobs_for(UNRECORDED_CLOSED)
+    defaults = bl.vllm_defaults(bl.get_hardware("h100-sxm"))
+    assert unrecorded["max_num_seqs"] == defaults["max_num_seqs"]
+    assert unrecorded["max_num_batched_tokens"] == defaults["max_num_batched_tokens"]
+    assert unrecorded["max_concurrency"] == 8 and "enable_prefix_caching" not in unrecorded
     assert validate.cost_for(SMALL_CLOSED).dtype == "fp8"
     with pytest.raises(ValueError, match="cost is for"):
         validate.replay(SMALL_CLOSED, cost=cost)
@@ -276,10 +306,10 @@ def test_replay_all_and_error_summary(runs):
 def test_closed_loop_clients_burst_then_keep_their_own_phase(runs):
     """The first wave is one burst at 0; each client's second request goes out at its own phase, after the first
     wave has finished (so no idle wait counts), and the phases spread over one cycle."""
-    row = runs.set_index("run_id").loc[SMALL_CLOSED]
+    row = runs.set_index("run_id").loc[UNRECORDED_CLOSED]
     c = int(row["concurrency"])
     first_wave, cycle = 30.0, 8.0
-    requests, _ = validate.build_requests(SMALL_CLOSED, seed=3, first_wave_s=first_wave, cycle_s=cycle)
+    requests, _ = validate.build_requests(UNRECORDED_CLOSED, seed=3, first_wave_s=first_wave, cycle_s=cycle)
     arrival = requests.arrival_s
     assert (arrival[:c] == 0).all()
     second = arrival[c:2 * c]
@@ -287,10 +317,12 @@ def test_closed_loop_clients_burst_then_keep_their_own_phase(runs):
     assert np.ptp(second) > cycle / 4  # spread, not a second burst
     assert (arrival[2 * c:] == second[-1]).all()
     with pytest.raises(ValueError, match="cycle_s"):
-        validate.build_requests(SMALL_CLOSED, cycle_s=-1.0)
+        validate.build_requests(UNRECORDED_CLOSED, cycle_s=-1.0)
     replay_module = importlib.import_module("batchlab.validate.replay")
     first_wave_s, cycle_s = replay_module.client_timing(row, validate.cost_for(row))
-    result, _ = validate.simulate_run(SMALL_CLOSED)
+    assert replay_module.client_timing(runs.set_index("run_id").loc[SMALL_CLOSED], validate.cost_for(SMALL_CLOSED)) \
+        == (0.0, 0.0)  # InferenceX: the varied lengths spread the clients
+    result, _ = validate.simulate_run(UNRECORDED_CLOSED)
     r = result.requests
     assert r["finish_s"].iloc[:c].max() < first_wave_s  # the margin holds: the first wave is done by then
     assert (r["sent_s"].iloc[c:2 * c].to_numpy() >= first_wave_s).all() and cycle_s > 0
@@ -319,14 +351,16 @@ def test_ablation_switches_each_mechanism_off(runs):
 
 
 def test_closed_loop_later_requests_go_out_the_moment_a_client_frees(runs):
-    """After the second wave no client waits for anything but its own answer: every later request is sent at the
-    finish of an earlier one (the phases are spread over less than any request's cycle, so none gates another)."""
-    for run_id in (SMALL_CLOSED, runs[runs["set"] == "aiconfigurator"].sort_values("concurrency")["run_id"].iloc[-1]):
+    """After the second wave (InferenceX: the first) no client waits for anything but its own answer: every later
+    request is sent at the finish of an earlier one (the phases are spread over less than any request's cycle, so
+    none gates another)."""
+    largest = runs[runs["set"] == "aiconfigurator"].sort_values("concurrency")["run_id"].iloc[-1]
+    for run_id in (SMALL_CLOSED, UNRECORDED_CLOSED, largest):
         row = runs.set_index("run_id").loc[run_id]
         c = int(row["concurrency"])
         result, _ = validate.simulate_run(run_id)
         r = result.requests
         finishes = np.sort(r["finish_s"].to_numpy())
-        later = r["sent_s"].to_numpy()[2 * c:]
+        later = r["sent_s"].to_numpy()[(1 if row["client"] == raw.INFERENCEX else 2) * c:]
         nearest = finishes[np.clip(np.searchsorted(finishes, later), 0, finishes.size - 1)]
         assert np.allclose(later, nearest, rtol=0, atol=1e-9), run_id

@@ -494,8 +494,11 @@ def comparison_style(compare: pd.DataFrame):
 
 def e2e_headline(e2e: pd.DataFrame, errors: pd.DataFrame) -> dict:
     """The numbers chapter 10's end-to-end prose quotes, by glue name: run counts, median, worst and signed
-    errors per metric over all usable runs, TTFT per set, the closed-loop TTFT ratio (predicted / measured) of
-    Llama-3.1-70B at 32 clients or more and of Qwen3-32B at 16 or fewer, and the Llama-3.1-8B FP8 rows' TPOT."""
+    errors per metric over all usable runs, TTFT per set and per closed-loop model (``e2e_ttft_<model>``: the
+    InferenceX Llama-3.1-70B rows, Qwen3-32B), the closed-loop TTFT ratio (predicted / measured) of
+    Llama-3.1-70B at 32 clients or more and of Qwen3-32B at 16 or fewer, Qwen3-32B's TTFT shortfall at 16 clients
+    or fewer (measured minus predicted, ms, median) for 1,024- and 4,096-token prompts, and the Llama-3.1-8B FP8
+    rows' TPOT."""
     overall = errors[errors["set"] == "all"].set_index("metric")
     by_set = errors.set_index(["set", "metric"])["median_abs_error"]
     per_run = e2e.drop_duplicates("run_id")
@@ -510,9 +513,17 @@ def e2e_headline(e2e: pd.DataFrame, errors: pd.DataFrame) -> dict:
         out[f"e2e_signed_{metric}"] = float(overall.loc[metric, "median_error"])
     ttft = e2e[(e2e["set"] == "aiconfigurator") & (e2e["metric"] == "ttft")]
     ratio = ttft["predicted_ms"] / ttft["measured_ms"]
-    clients = ttft["run_id"].map(calibration_runs().set_index("run_id")["concurrency"])
+    runs = calibration_runs().set_index("run_id")
+    clients, isl = ttft["run_id"].map(runs["concurrency"]), ttft["run_id"].map(runs["isl"])
+    out["e2e_ttft_70b"] = float(ttft.loc[ttft["model"] == "llama-3.1-70b", "rel_error"].abs().median())
+    out["e2e_ttft_qwen"] = float(ttft.loc[ttft["model"] == "qwen3-32b", "rel_error"].abs().median())
+    out["e2e_70b_runs"] = int((ttft["model"] == "llama-3.1-70b").sum())
     out["ttft_70b_high"] = float(ratio[(ttft["model"] == "llama-3.1-70b") & (clients >= 32)].median())
-    out["ttft_qwen_low"] = float(ratio[(ttft["model"] == "qwen3-32b") & (clients <= 16)].median())
+    low_qwen = (ttft["model"] == "qwen3-32b") & (clients <= 16)
+    out["ttft_qwen_low"] = float(ratio[low_qwen].median())
+    gap = ttft["measured_ms"] - ttft["predicted_ms"]
+    out["qwen_gap_1k_ms"] = float(gap[low_qwen & (isl == 1024)].median())
+    out["qwen_gap_4k_ms"] = float(gap[low_qwen & (isl == 4096)].median())
     fp8_8b = e2e[(e2e["model"] == "llama-3.1-8b") & (e2e["metric"] == "tpot")]["rel_error"]
     out["e2e_8b_tpot"], out["e2e_8b_runs"] = float(fp8_8b.median()), len(fp8_8b)
     return out

@@ -3,19 +3,36 @@
 Mechanisms: vLLM's prefix caching and async scheduling (knobs of ``simulate``), the serving terms of the cost
 model (API server, request latency, CPU per step), the LM-head correction of DESIGN section 3 (without it every
 token runs the LM head and the embedding table streams every step, as batchlab first charged them), and the
-whole-server re-fit of FP8 GEMMs and all-reduce latency (without it the per-operator fit's values).
+whole-server re-fit of FP8 GEMMs and all-reduce latency (without it the per-operator fit's values), and the
+InferenceX client of the AIConfigurator rows exported from InferenceX (without it those rows are replayed as the
+rows whose client was not recorded: max(8 x concurrency, 200) requests of exactly the labelled lengths, the
+clients' phases spread, vLLM's default knobs; see :mod:`batchlab.validate.streams`).
 """
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from ..calibrate.presets import shipped_kernels_only
 from ..cost import SERVING_FIELDS, CostModel
+from .raw import INFERENCEX
 from .setup import cost_for
 from .tables import error_summary, replay_all
 
 MECHANISMS = ("none", "prefix caching", "async scheduling", "serving terms", "LM-head correction", "FP8 and "
-              "all-reduce re-fit")
+              "all-reduce re-fit", "InferenceX client")
+
+
+def without_client(runs: pd.DataFrame) -> pd.DataFrame:
+    """``runs`` with the InferenceX rows' client protocol forgotten: replayed as a row whose client was not
+    recorded (fixed lengths, max(8 x concurrency, 200) requests, ``vllm serve``'s default knobs)."""
+    out = runs.copy()
+    mine = out["client"] == INFERENCEX
+    out.loc[mine, "n_requests"] = np.maximum(8 * out.loc[mine, "concurrency"], 200)
+    out.loc[mine, ["max_num_seqs", "max_num_batched_tokens"]] = pd.NA
+    out.loc[mine, "range_ratio"] = np.nan
+    out.loc[mine, "client"] = ""
+    return out
 
 
 def cost_without(run, mechanism: str) -> CostModel:
@@ -50,7 +67,8 @@ def ablations(runs=None, seed=0) -> pd.DataFrame:
     knobs = {"prefix caching": {"enable_prefix_caching": False}, "async scheduling": {"async_scheduling": False}}
     rows = []
     for mechanism in MECHANISMS:
-        table = replay_all(runs, cost=lambda run, m=mechanism: cost_without(run, m), seed=seed,
+        mine = without_client(runs) if mechanism == "InferenceX client" else runs
+        table = replay_all(mine, cost=lambda run, m=mechanism: cost_without(run, m), seed=seed,
                            **knobs.get(mechanism, {}))
         summary = error_summary(table)
         summary = summary[summary["set"] == "all"].drop(columns=["set", "runs", "worst_run_id"])

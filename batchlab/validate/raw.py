@@ -12,6 +12,7 @@ with its source, as ``../shared/data/README.md`` does. AIConfigurator is Apache-
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +29,21 @@ AIC_SOURCE = ("ai-dynamo/aiconfigurator@095f58a5, aic-core/src/aiconfigurator_co
               "Apache-2.0")
 TRAINING_LICENCE = "none (facts re-typed)"
 GPU_MEMORY_UTILIZATION = 0.9  # not recorded; what the held-out check assumes (../shared/data/README.md)
+
+# AIConfigurator rows exported from InferenceX (SemiAnalysis InferenceMAX): provenance "source_file=<date>.csv;
+# model=...; silicon_concurrency=...; measured=...; wip=..." (the Llama-3.1-70B FP8 sweeps measured 2025-10-29:
+# InferenceMAX v1's grid of 1k/1k, 1k/8k and 8k/1k at concurrency 4-64 and TP 2-8 on H100 and H200). Their
+# client and server settings are public (InferenceMAX's benchmarks/70b_fp8_{h100_docker,h200_slurm}.sh and
+# .github/workflows/full-sweep-tmpl.yml): vLLM's benchmark_serving.py (kimbochen/bench_serving) with
+# --dataset-name random --random-range-ratio 0.8 --num-prompts 10 x concurrency --max-concurrency concurrency
+# --request-rate inf --ignore-eos, against vllm serve --max-num-seqs concurrency --max-num-batched-tokens 8192
+# --no-enable-prefix-caching --async-scheduling. Its random dataset draws every prompt and output length
+# uniformly from the integers [int(0.8 x isl), isl] and [int(0.8 x osl), osl]: isl and osl are upper bounds.
+INFERENCEX = "inferencex"
+INFERENCEX_SOURCE = re.compile(r"^source_file=\d{4}-\d{2}-\d{2}\.csv; model=[^;]+;.*\bmeasured=")
+INFERENCEX_RANGE_RATIO = 0.8  # --random-range-ratio
+INFERENCEX_PROMPTS_PER_CLIENT = 10  # --num-prompts = 10 x concurrency
+INFERENCEX_BATCHED_TOKENS = 8192  # --max-num-batched-tokens
 
 MODEL_NAMES = {  # Hugging Face id -> batchlab model name (an FP8 checkpoint has the shapes of its BF16 model)
     "meta-llama/Llama-2-7b-hf": "llama-2-7b",
@@ -52,7 +68,8 @@ COLUMNS = {
     "num_groups": "Int64", "prompts_per_group": "Int64", "system_prompt_len": "Int64", "question_len": "Int64",
     "output_len": "Int64", "prompt_tokens_mean": "float64",
     **{f"prompt_tokens_{q}": "float64" for q in PROMPT_QUANTILES},
-    "isl": "Int64", "osl": "Int64", "concurrency": "Int64", "n_requests": "Int64",
+    "isl": "Int64", "osl": "Int64", "concurrency": "Int64", "n_requests": "Int64", "client": "str",
+    "range_ratio": "float64",
     "requests_sent": "Int64", "successes": "Int64", "failures": "Int64", "achieved_rate_req_s": "float64",
     "ttft_ms": "float64", "tpot_ms": "float64", "e2e_ms": "float64", "output_tokens_counted_mean": "float64",
 }
@@ -125,14 +142,21 @@ def _closed_loop(root: Path) -> pd.DataFrame:
     fp8 = (aic["precision"] == "fp8") | aic["model_path"].str.upper().str.endswith("-FP8")
     ttft_ms, tpot_ms = aic["silicon_ttft_ms"], aic["silicon_tpot_ms"]
     concurrency = aic["batch_size"]
+    inferencex = aic["silicon_data_source"].str.match(INFERENCEX_SOURCE).to_numpy()
     return pd.DataFrame({
         "run_id": aic["id"], "set": CLOSED_LOOP, "experiment": aic["id"], "source": AIC_SOURCE[0],
         "licence": AIC_SOURCE[1], "status": "ok", "status_note": "", "model_id": aic["model_path"],
         "model": aic["model_path"].map(MODEL_NAMES).fillna(""),
         "hardware": aic["system"].map(HARDWARE_NAMES).fillna(""),
         "tp": aic["tp_size"], "dtype": np.where(fp8, "fp8", "bf16"), "vllm_version": aic["backend_version"],
+        "max_num_seqs": np.where(inferencex, concurrency, pd.NA),
+        "max_num_batched_tokens": np.where(inferencex, INFERENCEX_BATCHED_TOKENS, pd.NA),
         "gpu_memory_utilization": GPU_MEMORY_UTILIZATION, "isl": aic["isl"], "osl": aic["osl"],
-        "concurrency": concurrency, "n_requests": np.maximum(8 * concurrency, 200),
+        "concurrency": concurrency,
+        "n_requests": np.where(inferencex, INFERENCEX_PROMPTS_PER_CLIENT * concurrency,
+                               np.maximum(8 * concurrency, 200)),
+        "client": np.where(inferencex, INFERENCEX, ""),
+        "range_ratio": np.where(inferencex, INFERENCEX_RANGE_RATIO, np.nan),
         "ttft_ms": ttft_ms, "tpot_ms": tpot_ms, "e2e_ms": ttft_ms + tpot_ms * (aic["osl"] - 1),
     })
 

@@ -17,7 +17,7 @@ import pandas as pd
 
 from ..cost import CostModel
 from ..sim import simulate
-from .raw import CLOSED_LOOP, OPEN_LOOP
+from .raw import CLOSED_LOOP, INFERENCEX, OPEN_LOOP
 from .runs import get_run, unrepresentable_reason
 from .setup import cost_for, knobs_for, knobs_with
 from .streams import build_requests
@@ -77,14 +77,15 @@ def simulate_run(run, cost=None, seed=0, record_tokens=False, **knob_overrides):
 
 def client_timing(run: pd.Series, cost: CostModel) -> tuple[float, float]:
     """Closed loop: (a time by which the first wave has surely finished, the spread of the clients' phases),
-    seconds, from the cost model. (0, 0) for open-loop runs.
+    seconds, from the cost model. (0, 0) for open-loop runs and InferenceX rows (whose varied lengths spread
+    the clients by themselves, :mod:`batchlab.validate.streams`).
 
     The spread is the least one request can take (alone: its prefill, then ``osl - 1`` decode steps of one
     sequence): spread wider than a request's shortest cycle, a client whose second request finished early would
     wait for the last phase to send its third, and the waves would line up again. The first wave prefills every
     prompt at the token budget first, then decodes at the run's concurrency; twice that is the margin.
     """
-    if run["set"] != CLOSED_LOOP:
+    if run["set"] != CLOSED_LOOP or run.get("client", "") == INFERENCEX:
         return 0.0, 0.0
     isl, osl, clients = int(run["isl"]), int(run["osl"]), int(run["concurrency"])
     least = cost.request_latency_s + cost.prefill_time(isl) + (osl - 1) * cost.decode_step_time(1, isl + osl / 2)

@@ -3,7 +3,8 @@
 What neither source records is assumed as ``../shared/data/README.md`` says the held-out check assumes: vLLM V1
 with chunked prefill and automatic prefix caching on, 16-token blocks, ``gpu_memory_utilization`` 0.9, a BF16
 KV cache (``kv_cache_dtype`` auto, even under FP8 weights), and for AIConfigurator's rows ``vllm serve``'s
-defaults for the GPU.
+defaults for the GPU. InferenceX rows carry their recorded serve flags (``max_num_seqs`` = concurrency,
+``max_num_batched_tokens`` 8192, in the table) and run with prefix caching off (``--no-enable-prefix-caching``).
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from ..cost import CostModel
 from ..hardware import get_hardware
 from ..models import get_model
 from ..sim import vllm_defaults
-from .raw import CLOSED_LOOP
+from .raw import CLOSED_LOOP, INFERENCEX
 from .runs import get_run
 from .streams import BLOCK_TOKENS
 
@@ -46,7 +47,8 @@ def knobs_for(run, **overrides) -> dict:
     ``max_num_seqs``, ``max_num_batched_tokens`` and ``max_model_len`` where recorded, else ``vllm serve``'s
     defaults for the GPU (:func:`batchlab.vllm_defaults`) and the model's context length; ``num_kv_blocks`` is
     the published pool where there is one, else ``CostModel.kv_pool_blocks`` of :func:`cost_for` at the run's
-    ``gpu_memory_utilization`` (0.9). A closed-loop run adds ``max_concurrency`` = its concurrency.
+    ``gpu_memory_utilization`` (0.9). A closed-loop run adds ``max_concurrency`` = its concurrency; an
+    InferenceX row ``enable_prefix_caching=False``, as it was served.
 
     Parameters
     ----------
@@ -73,5 +75,7 @@ def knobs_with(run, cost: CostModel, **overrides) -> dict:
              "block_size": BLOCK_TOKENS, "num_kv_blocks": blocks}
     if run["set"] == CLOSED_LOOP:
         knobs["max_concurrency"] = int(run["concurrency"])
+        if run.get("client", "") == INFERENCEX:
+            knobs["enable_prefix_caching"] = False
     knobs.update(overrides)
     return knobs

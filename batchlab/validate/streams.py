@@ -3,14 +3,21 @@
 Open loop (inference-perf): the ``shared_prefix`` data of ``num_groups`` x ``prompts_per_group`` distinct
 prompts (a group's system prompt, then a question), shuffled once and cycled for the whole run, every stage
 of an experiment in one stream; each stage sends int(rate x duration) requests. Closed loop (AIConfigurator):
-max(8 x concurrency, 200) identical requests; the simulator's ``max_concurrency`` keeps ``concurrency`` of them
-in flight. The clients start together, so their first requests arrive as one burst (counted, as the benchmark
-counts it). Identical requests that finish together stay in lockstep in a deterministic simulator (every later
-wave is prefilled together and finishes together), which a measured server does not show: timing noise spreads
-its clients apart after the first request (measured TTFTs sit far below the lockstep's). So each client sends
-its second request at a seeded uniform phase within ``cycle_s`` (the shortest a request can take, so that no
-client waits for another's phase later), after the first wave has surely finished (``first_wave_s``; the
-client's idle wait counts in no latency), and keeps that phase.
+``n_requests`` requests, the simulator's ``max_concurrency`` keeping ``concurrency`` of them in flight, and the
+clients starting together, so that their first requests arrive as one burst (counted, as the benchmark counts
+it). Two client protocols:
+
+- InferenceX rows (``client`` "inferencex", see :data:`batchlab.validate.raw.INFERENCEX`): vLLM's
+  ``benchmark_serving.py --dataset-name random --random-range-ratio 0.8 --num-prompts 10 x concurrency``, whose
+  prompt and output lengths are drawn uniformly from the integers [int(0.8 x isl), isl] and
+  [int(0.8 x osl), osl] (seeded here). Requests of different lengths finish at different steps, so the clients
+  drift apart by themselves after the first burst, as they did on the measured server.
+- Rows whose client was not recorded: max(8 x concurrency, 200) identical requests. Identical requests that
+  finish together stay in lockstep in a deterministic simulator (every later wave is prefilled together and
+  finishes together), which a measured server does not show: timing noise spreads its clients apart after the
+  first request. So each client sends its second request at a seeded uniform phase within ``cycle_s`` (the
+  shortest a request can take, so that no client waits for another's phase later), after the first wave has
+  surely finished (``first_wave_s``; the client's idle wait counts in no latency), and keeps that phase.
 """
 from __future__ import annotations
 
@@ -18,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from ..workload import Requests, _chain_ids, _rng
-from .raw import CLOSED_LOOP, OPEN_LOOP, PROMPT_PROBABILITIES, PROMPT_QUANTILES
+from .raw import CLOSED_LOOP, INFERENCEX, OPEN_LOOP, PROMPT_PROBABILITIES, PROMPT_QUANTILES
 from .runs import get_run
 
 BLOCK_TOKENS = 16  # vLLM's block size: one prefix id per 16-token block, as its hash chain sees the prompt
@@ -100,7 +107,22 @@ def _open_loop(run: pd.Series, rng) -> tuple[Requests, np.ndarray]:
     return Requests(arrival, lengths[chosen], output, [ids[i] for i in chosen], BLOCK_TOKENS), labels
 
 
+def random_lengths(upper: int, range_ratio: float, n: int, rng) -> np.ndarray:
+    """``n`` lengths as vLLM's ``benchmark_serving.py`` random dataset draws them: uniform integers in
+    [int(upper x range_ratio), upper] (``np.random.randint(int(upper * r), upper + 1)``)."""
+    return rng.integers(int(upper * range_ratio), upper + 1, n).astype(np.int64)
+
+
+def _inferencex(run: pd.Series, rng) -> tuple[Requests, np.ndarray]:
+    n, ratio = int(run["n_requests"]), float(run["range_ratio"])
+    prompts = random_lengths(int(run["isl"]), ratio, n, rng)
+    outputs = random_lengths(int(run["osl"]), ratio, n, rng)
+    return Requests(np.zeros(n), prompts, outputs), np.zeros(n, np.int64)  # every request waits for a client
+
+
 def _closed_loop(run: pd.Series, rng, first_wave_s: float, cycle_s: float) -> tuple[Requests, np.ndarray]:
+    if run.get("client", "") == INFERENCEX:
+        return _inferencex(run, rng)
     n, clients = int(run["n_requests"]), int(run["concurrency"])
     arrival = np.zeros(n)  # the first wave: every client at once
     second = arrival[clients:2 * clients]
@@ -121,17 +143,18 @@ def build_requests(run, seed=0, first_wave_s: float = 0.0, cycle_s: float = 0.0)
         Seeds the prompt order, the prompt lengths' shuffle and the send times (open loop), or the clients'
         phases (closed loop).
     first_wave_s, cycle_s : float
-        Closed loop: seconds by which the first wave has surely finished, and over which the clients' second
-        requests are spread (at most one request's shortest cycle, send to answer); both 0: every request ready
-        at time 0 (lockstep).
+        Closed loop, client not recorded: seconds by which the first wave has surely finished, and over which
+        the clients' second requests are spread (at most one request's shortest cycle, send to answer); both 0:
+        every request ready at time 0 (lockstep). Not used for InferenceX rows (their lengths vary).
 
     Returns
     -------
     requests : Requests
         Open loop: the whole experiment (every stage), with ``prefix_blocks`` of :data:`BLOCK_TOKENS` tokens and
-        every output exactly ``output_len`` tokens (ignore_eos). Closed loop: ``n_requests`` requests of ``isl``
-        prompt and ``osl`` output tokens, the first wave at 0 and the second spread over ``cycle_s`` from
-        ``first_wave_s``, no prefix ids (synthetic prompts share nothing).
+        every output exactly ``output_len`` tokens (ignore_eos). Closed loop: ``n_requests`` requests, no prefix
+        ids (synthetic prompts share nothing); InferenceX rows: lengths drawn by :func:`random_lengths`, every
+        request ready at 0 (the clients send as they free); other rows: ``isl`` prompt and ``osl`` output tokens,
+        the first wave at 0 and the second spread over ``cycle_s`` from ``first_wave_s``.
     stages : numpy.ndarray
         Stage index of each request (int64; all 0 in the closed loop).
     """
