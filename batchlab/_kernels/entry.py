@@ -5,7 +5,7 @@ import numpy as np
 from numba import njit
 
 from .batched import run_batched
-from .iterations import run_iterations
+from .engine import run_iterations
 from .cost import serve_time
 from .layout import (ITL_BINS, N_TOTALS, POLICY_CHUNKED, POLICY_CONTINUOUS, POLICY_DYNAMIC, REJECT_BUDGET, REJECT_KV,
                      REJECT_MODEL_LEN, REQ_CACHED, REQ_COLUMNS, REQ_COMPUTED, REQ_EMITTED, REQ_OUTPUT, REQ_PADDED,
@@ -31,6 +31,26 @@ def _tables(arrival, prompt, output, prefix_off, max_concurrency):
         if max_concurrency == 0:
             times[r, TIME_SENT] = arrival[r]
     return req, times
+
+
+@njit(cache=True)
+def reject_up_front(req, prompt, output, usable_blocks, block_size, budget, whole_prompts, max_model_len):
+    """Mark the requests that can never be served rejected; returns the others (``live``), in arrival order."""
+    n = prompt.shape[0]
+    n_live = 0
+    live = np.empty(n, np.int64)
+    for r in range(n):
+        if max_model_len > 0 and prompt[r] >= max_model_len:
+            req[r, REQ_REJECT] = REJECT_MODEL_LEN
+        elif blocks_for(prompt[r] + output[r] - 1, block_size) > usable_blocks:
+            req[r, REQ_REJECT] = REJECT_KV
+        elif budget > 0 and prompt[r] > budget and whole_prompts:
+            req[r, REQ_REJECT] = REJECT_BUDGET
+        else:
+            live[n_live] = r
+            n_live += 1
+    live = live[:n_live]
+    return live
 
 
 @njit(cache=True, _nrt=False)
@@ -72,20 +92,8 @@ def simulate_kernel(arrival, prompt, output, policy, coef, batch_size, max_queue
     req, times = _tables(arrival, prompt, output, prefix_off, max_concurrency)
     itl = np.zeros((ITL_BINS, 4))
     totals = np.zeros(N_TOTALS)
-    n_live = 0
-    live = np.empty(n, np.int64)
     whole_prompts = policy == POLICY_CONTINUOUS or (policy == POLICY_CHUNKED and rules & RULE_CHUNKING == 0)
-    for r in range(n):
-        if max_model_len > 0 and prompt[r] >= max_model_len:
-            req[r, REQ_REJECT] = REJECT_MODEL_LEN
-        elif blocks_for(prompt[r] + output[r] - 1, block_size) > usable_blocks:
-            req[r, REQ_REJECT] = REJECT_KV
-        elif budget > 0 and prompt[r] > budget and whole_prompts:
-            req[r, REQ_REJECT] = REJECT_BUDGET
-        else:
-            live[n_live] = r
-            n_live += 1
-    live = live[:n_live]
+    live = reject_up_front(req, prompt, output, usable_blocks, block_size, budget, whole_prompts, max_model_len)
     tok_off = np.zeros(n + 1, np.int64)
     _token_offsets(req, tok_off)  # after the rejections: a request that can never be served allocates nothing
     n_tokens = tok_off[n] if record_tokens else 0

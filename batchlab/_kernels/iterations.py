@@ -6,7 +6,8 @@ preempting the last one when blocks run out), ``_admit_waiting`` (chunked step 2
 (Orca's admission), ``_run_scheduled`` (step 3: the iteration's aggregates and the tokens it emits) and
 ``_release_finished``; after the loop, ``_stamp_times`` and ``_account_tokens``. vLLM 0.33's rules are switched
 by the bits of ``rules`` (``layout.RULE_*``); with none of them set the loop is the first version's, bit for bit.
-Helpers are called only when they have work, since every array argument of a call costs a little.
+Helpers are called only when they have work, since every array argument of a call costs a little. The loop that
+calls them, resumable for several engines, is in :mod:`.engine`.
 """
 from __future__ import annotations
 
@@ -14,19 +15,17 @@ import numpy as np
 from numba import njit
 
 from . import kvcache as kv
-from .cost import serve_time, step_cost
-from .layout import (KIND_CACHED, KIND_DECODE, KIND_PREEMPT, KIND_PREFILL, REJECT_RECOMPUTE, REQ_CACHED, REQ_COMPUTED,
-                     REQ_EMITTED, REQ_HIGH_WATER, REQ_LAST_HIT, REQ_LAST_STEP, REQ_LOST, REQ_OUTPUT, REQ_PREEMPT,
-                     REQ_PROMPT, REQ_RECOMPUTED, REQ_REJECT, REQ_RISK, REQ_TOK_OFF, RULE_ASYNC, RULE_CHUNKING,
-                     RULE_PREFIX_CACHE, RULE_RESERVE_FULL, RULE_STOP_UNFIT, RULE_THRESHOLD_ALONE, RUN_BLOCKS,
-                     RUN_CACHED, RUN_COLUMNS, RUN_COMP, RUN_EMIT, RUN_HIT, RUN_LAST, RUN_OUT, RUN_PROMPT, RUN_REQ,
-                     RUN_RISK, RUN_SEAT, RUN_TOK, RUN_TOKPOS, SCHED_COLUMNS, ST_CACHED_BLOCKS, ST_FINISHED,
-                     ST_FREE_BLOCKS, ST_IN_FLIGHT, ST_NEXT, ST_PENDING, ST_RUNNING, ST_SCHED, ST_SEATS, ST_SLOT_HEAD,
-                     ST_STEPS, ST_WAIT_HEAD, ST_WAIT_LEN, STATUS_OK, STATUS_STUCK, STEP_COLUMNS,
-                     TIME_ARRIVAL, TIME_FINISH, TIME_FIRST, TIME_LAST, TIME_RELEASE, TIME_SCHED, TIME_SEEN,
-                     TIME_SENT, TOTAL_BUSY_S, TOTAL_SEQ_STEPS, TOTAL_STEPS, N_STATE)
+from .cost import serve_time
+from .layout import (KIND_CACHED, KIND_DECODE, KIND_PREFILL, REJECT_RECOMPUTE, REQ_CACHED, REQ_COMPUTED, REQ_EMITTED,
+                     REQ_HIGH_WATER, REQ_LAST_HIT, REQ_LAST_STEP, REQ_LOST, REQ_OUTPUT, REQ_PREEMPT, REQ_PRELOADED,
+                     REQ_PROMPT, REQ_RECOMPUTED, REQ_REJECT, REQ_RISK, REQ_TOK_OFF, RULE_CHUNKING, RULE_RESERVE_FULL,
+                     RULE_STOP_UNFIT, RUN_BLOCKS, RUN_CACHED, RUN_COLUMNS, RUN_COMP, RUN_EMIT, RUN_HIT, RUN_LAST,
+                     RUN_OUT, RUN_PROMPT, RUN_REQ, RUN_RISK, RUN_SEAT, RUN_TOK, RUN_TOKPOS, ST_DONE, ST_FINISHED,
+                     ST_FREE_BLOCKS, ST_IN_FLIGHT, ST_NEXT, ST_PENDING, ST_RUNNING, ST_SCHED, ST_SLOT_HEAD, ST_STEPS,
+                     ST_WAIT_HEAD, ST_WAIT_LEN, TIME_ARRIVAL, TIME_FINISH, TIME_FIRST, TIME_LAST, TIME_RELEASE,
+                     TIME_SCHED, TIME_SEEN, TIME_SENT)
 from .gaps import add_gaps
-from .records import blocks_for, grow, record_sched, record_step
+from .records import blocks_for, grow, record_sched
 
 
 @njit(cache=True, _nrt=False)
@@ -119,6 +118,7 @@ def _preempt_last(st, run, run_t, wait, req, times, pool, seat_blocks, prefix_id
     req[victim, REQ_LOST] += run[v, RUN_COMP] - run[v, RUN_HIT]
     req[victim, REQ_HIGH_WATER] = max(req[victim, REQ_HIGH_WATER], run[v, RUN_COMP])
     req[victim, REQ_PREEMPT] += 1
+    req[victim, REQ_PRELOADED] = 0  # the KV that came with it is gone: it recomputes its prompt here
     st[ST_WAIT_HEAD] = (st[ST_WAIT_HEAD] - 1) % n
     wait[st[ST_WAIT_HEAD]] = victim
     st[ST_WAIT_LEN] += 1
@@ -235,6 +235,8 @@ def _admit_waiting(st, run, run_t, wait, skipped, req, times, slot_times, now, l
             hits, idle = kv.longest_hit(req, r, n_tokens, block_size, prefix_ids, prefix_tokens, unique_stride, pool,
                                         hit_slots)
         computed = hits * block_size
+        if req[r, REQ_PRELOADED]:  # its prompt's KV came from a prefill instance: only the next token to compute
+            computed = n_tokens - 1
         want = n_tokens - computed
         if threshold > 0 and want > threshold:
             want = threshold
@@ -258,7 +260,7 @@ def _admit_waiting(st, run, run_t, wait, skipped, req, times, slot_times, now, l
         if caching:
             need, need_full = kv.blocks_to_admit(n_tokens, computed, want, hits, idle, block_size)
         else:
-            need, need_full = blocks_for(want, block_size), blocks_for(n_tokens, block_size)
+            need, need_full = blocks_for(computed + want, block_size), blocks_for(n_tokens, block_size)
         if need > st[ST_FREE_BLOCKS] or (rules & RULE_RESERVE_FULL and need_full > st[ST_FREE_BLOCKS]):
             break
         st[ST_WAIT_HEAD] = (st[ST_WAIT_HEAD] + 1) % n
@@ -387,8 +389,9 @@ def _settle_last(run, run_t, lo, hi, step_index, prev_end):
 
 
 @njit(cache=True, _nrt=False)
-def _stamp_events(run, events, n_events, end_s, times):
-    """The step that emitted them ends at ``end_s``: first and last tokens are stamped on their requests."""
+def _stamp_events(st, run, events, n_events, end_s, times, done_log):
+    """The step that emitted them ends at ``end_s``: first and last tokens are stamped on their requests, and the
+    requests that finished are logged in ``done_log`` (the fleet loop hands them on: disaggregated serving)."""
     for m in range(n_events):
         k = events[m]
         r = run[k, RUN_REQ]
@@ -397,6 +400,8 @@ def _stamp_events(run, events, n_events, end_s, times):
         if run[k, RUN_EMIT] == run[k, RUN_OUT]:
             times[r, TIME_FINISH] = end_s
             times[r, TIME_RELEASE] = end_s
+            done_log[st[ST_DONE]] = r
+            st[ST_DONE] += 1
 
 
 @njit(cache=True)
@@ -491,140 +496,3 @@ def _record_scheduled(sched, st, run, lo, hi):
                              KIND_DECODE if _is_decode(run, k) else KIND_PREFILL)
         st[ST_SCHED] += 1
     return sched
-
-
-@njit(cache=True)
-def run_iterations(live, req, times, tok_step, coef, chunked, rules, max_num_seqs, budget, threshold,
-                   prefill_only_steps, usable_blocks, block_size, record, max_concurrency, prefix_ids,
-                   prefix_tokens, record_steps, itl, totals):
-    """Iteration-level policies: Orca-style ``continuous`` and vLLM ``chunked`` (DESIGN sections 4 and 4c).
-
-    ``budget`` <= 0 means no token budget (continuous only). ``max_concurrency`` > 0 holds at most that many
-    requests in flight (closed-loop clients); a request's send time is ``times[:, TIME_SENT]`` (NaN: the
-    kernel decides, closed loop). With async scheduling the iteration after the one running is planned when
-    that one starts: it sees the requests sent by then, and the ones that finish in it still hold their seat
-    and blocks. ``record_steps``: keep one row per iteration; ``tok_step`` (empty: no token record) gets every
-    token's step index (``entry._token_times`` turns them into times; int32 holds 2**31 - 1 iterations, and a
-    longer recorded run raises). Inter-token gaps go into the histogram ``itl`` and the run's totals into ``totals``.
-    """
-    n = req.shape[0]
-    n_live = live.shape[0]
-    caching = chunked and rules & RULE_PREFIX_CACHE != 0
-    asynchronous = chunked and rules & RULE_ASYNC != 0
-    frontend = np.full(1, -np.inf)  # when the API server is free
-    run = np.zeros((min(n, max_num_seqs) + 1, RUN_COLUMNS), np.int64)
-    run_t = np.full(run.shape[0], np.nan)  # when each row's last token came
-    gap_t = np.empty(run.shape[0])
-    gap_req = np.empty(run.shape[0], np.int64)
-    events = np.empty(run.shape[0], np.int64)
-    risky = np.zeros((1, 2))  # row 0: entries; then (request, gap s) of requests that may yet be rejected
-    wait = np.empty(n, np.int64)  # waiting queue: a ring buffer, since preempted requests go back to its front
-    skipped = np.empty(n, np.int64)
-    victims = np.empty(n, np.int64)
-    slot_times = np.zeros(max_concurrency, np.float64)  # when each free client slot freed (closed loop)
-    max_blocks = 1
-    for r in live:
-        max_blocks = max(max_blocks, blocks_for(req[r, REQ_PROMPT] + req[r, REQ_OUTPUT], block_size))
-        req[r, REQ_LAST_STEP] = -2
-        # Chunking off: a preempted request whose recomputation outgrows the budget is rejected.
-        risk = chunked and rules & RULE_CHUNKING == 0 and req[r, REQ_PROMPT] + req[r, REQ_OUTPUT] - 1 > budget
-        req[r, REQ_RISK] = 1 if risk else 0
-    pool = kv.new_pool(usable_blocks, run.shape[0]) if caching else np.zeros(1, np.int64)
-    seat_blocks = np.zeros((run.shape[0], max_blocks) if caching else (1, 1), np.int64)
-    hit_slots = np.empty(max_blocks if caching else 1, np.int64)
-    steps = np.empty((1024 if record_steps else 1, len(STEP_COLUMNS)))
-    sched = np.empty((1024 if record else 1, len(SCHED_COLUMNS)), np.int64)
-    st = np.zeros(N_STATE, np.int64)
-    st[ST_FREE_BLOCKS] = usable_blocks
-    st[ST_SEATS] = run.shape[0] if caching else 0
-    now = 0.0
-    last_start = 0.0
-    prev_end = np.nan
-    busy = False  # a step has just run, so async scheduling planned this one when that step started
-    first_held = 1 << 62  # the first row async scheduling still holds after it finished
-    while st[ST_FINISHED] < n_live:
-        view_s = last_start if asynchronous and busy else now
-        next_sent = np.inf
-        if st[ST_NEXT] < n_live:  # a call only when a client may send (every array argument costs a little)
-            next_sent = times[live[st[ST_NEXT]], TIME_SEEN]
-            if next_sent != next_sent or next_sent <= view_s:  # NaN: not sent or not through the API server yet
-                next_sent = _send_and_queue(st, times, live, wait, slot_times, view_s, req, coef, frontend)
-        if st[ST_RUNNING] == 0 and st[ST_WAIT_LEN] == 0:
-            if next_sent == np.inf:
-                return STATUS_STUCK, steps[:0], sched[:st[ST_SCHED]]
-            now = max(now, next_sent)
-            busy = False
-            continue
-        thr = threshold
-        if rules & RULE_THRESHOLD_ALONE and st[ST_RUNNING] + st[ST_WAIT_LEN] <= 1:
-            thr = 0  # nobody to starve
-        if not chunked:
-            first_new = _admit_whole_prompts(st, run, run_t, wait, req, times, now, budget, max_num_seqs, block_size)
-            lo = first_new if (prefill_only_steps and st[ST_RUNNING] > first_new) else 0
-            hi = st[ST_RUNNING]
-            n_scheduled = hi - lo
-            n_victims = 0
-        else:
-            hi, n_scheduled, left, n_victims, n_dropped = _schedule_running(
-                st, run, run_t, wait, req, times, victims, budget, thr, block_size, pool, seat_blocks, prefix_ids,
-                prefix_tokens, max_blocks + 1, st[ST_STEPS], prev_end)
-            # Nobody is admitted in an iteration that preempted.
-            if n_dropped == 0 and st[ST_WAIT_LEN] > 0 and left > 0 and st[ST_RUNNING] < max_num_seqs:
-                _admit_waiting(st, run, run_t, wait, skipped, req, times, slot_times, now, left, budget, thr, rules,
-                               max_num_seqs, block_size, pool, seat_blocks, prefix_ids, prefix_tokens, max_blocks + 1,
-                               hit_slots)
-                if st[ST_RUNNING] > hi:
-                    n_scheduled += st[ST_RUNNING] - hi
-                    hi = st[ST_RUNNING]
-            lo = 0
-        if record:
-            # Recorded after the pass: reassigning an array inside the hot loop costs refcounting.
-            for k in range(n_victims):
-                sched = record_sched(sched, st[ST_SCHED], st[ST_STEPS], victims[k], 0, KIND_PREEMPT)
-                st[ST_SCHED] += 1
-        if n_scheduled == 0:
-            if asynchronous and busy:
-                # The plan made while the last step ran was empty: the engine waits for that step and plans again.
-                _release_finished(st, run, run_t, req, 0, -1, False, now, slot_times, pool, seat_blocks)
-                first_held = 1 << 62
-                busy = False
-                continue
-            # Only possible when every waiting request was just rejected; anything else is a bug.
-            if st[ST_FINISHED] == n_live or (st[ST_RUNNING] == 0 and st[ST_WAIT_LEN] == 0):
-                continue
-            return STATUS_STUCK, steps[:0], sched[:st[ST_SCHED]]
-        if record:
-            sched = _record_scheduled(sched, st, run, lo, hi)
-        step = st[ST_STEPS]
-        if record_steps and step >= 2147483647:
-            raise ValueError("a run recording its tokens is limited to 2**31 - 1 iterations (record_tokens=False)")
-        if lo > 0:  # Orca's prefill-only step leaves the decoders out
-            _settle_last(run, run_t, 0, lo, step, prev_end)
-        prefill_tokens, decode_seqs, attn_work, cached, sampled, first_done, n_next, n_gaps, n_events = _run_scheduled(
-            run, run_t, lo, hi, step, prev_end, tok_step, gap_t, gap_req, events)
-        dur, _g, _a, _c, _e, _l, _u, flops, nbytes, bound = step_cost(
-            coef, decode_seqs + prefill_tokens, attn_work, cached, sampled, n_scheduled, asynchronous)
-        if record_steps:
-            steps = record_step(steps, step, now, dur, prefill_tokens, decode_seqs, st[ST_RUNNING],
-                                usable_blocks - st[ST_FREE_BLOCKS], bound, flops, nbytes, st[ST_CACHED_BLOCKS])
-        st[ST_STEPS] += 1
-        totals[TOTAL_BUSY_S] += dur
-        totals[TOTAL_SEQ_STEPS] += st[ST_RUNNING]
-        last_start = now
-        now += dur
-        busy = True
-        if n_next > 0:
-            add_gaps(itl, totals, now - prev_end, n_next)
-        if n_gaps > 0:
-            risky = _count_gaps(itl, totals, gap_t, gap_req, n_gaps, now, risky)
-        _stamp_events(run, events, n_events, now, times)
-        prev_end = now
-        if first_done >= 0 or st[ST_PENDING] > 0:
-            first = first_held if first_done < 0 else min(first_done, first_held)
-            first_held = _release_finished(st, run, run_t, req, first, step, asynchronous, now, slot_times, pool,
-                                           seat_blocks)
-    n_steps = st[ST_STEPS]
-    totals[TOTAL_STEPS] = n_steps
-    _settle_risky(itl, totals, risky, req)
-    _account_tokens(live, req)
-    return STATUS_OK, steps[:n_steps if record_steps else 0], sched[:st[ST_SCHED]]

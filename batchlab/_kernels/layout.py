@@ -49,7 +49,7 @@ KIND_NAMES = ("prefill", "decode", "preempt", "cached")  # cached: tokens an adm
 # Rejection codes (0 = served); the Python side turns them into sentences.
 REJECT_KV, REJECT_BUDGET, REJECT_RECOMPUTE, REJECT_MODEL_LEN = 1, 2, 3, 4
 
-STATUS_OK, STATUS_STUCK = 0, 1
+STATUS_OK, STATUS_STUCK, STATUS_PAUSED = 0, 1, 2  # paused: the next plan is at or after the time asked for
 
 # -- the chunked policy's rules, as bit flags of one integer argument ------------------------------------------
 RULE_CHUNKING = 1  # enable_chunked_prefill
@@ -80,17 +80,25 @@ ST_SLOT_HEAD = 9  # ring-buffer head of the free client slots' times (closed-loo
 ST_CACHED_BLOCKS = 10  # blocks holding a cached block key (prefix caching)
 ST_PENDING = 11  # finished rows still in the running table (async scheduling holds them one step)
 ST_SEATS = 12  # free rows of the block table (prefix caching)
-N_STATE = 13
+ST_FIRST_HELD = 13  # the first row async scheduling still holds after it finished (1 << 62: none)
+ST_DONE = 14  # requests that emitted their last token, logged in order in the engine's done log
+N_STATE = 15
+
+# -- the loop's clock, one float64 vector so the loop can stop at a time and resume (several engines) -------------
+CLOCK_NOW, CLOCK_LAST_START, CLOCK_PREV_END, CLOCK_BUSY = range(4)  # s, s, s (NaN: none yet), 1.0 if a step just ran
+N_CLOCK = 4
 
 # -- per-request tables: one row per request, so a request's fields share a cache line and every helper takes
 # one array for them (each array argument of a jitted call costs reference counting, once per iteration).
 (REQ_PROMPT, REQ_OUTPUT, REQ_TOK_OFF, REQ_EMITTED, REQ_LOST, REQ_HIGH_WATER, REQ_PREEMPT, REQ_REJECT,
  REQ_COMPUTED, REQ_RECOMPUTED, REQ_PADDED, REQ_CACHED, REQ_LAST_HIT, REQ_PREFIX_START,
- REQ_PREFIX_END, REQ_LAST_STEP, REQ_RISK) = range(17)
-REQ_COLUMNS = 17  # int64: prompt, output, token offset, what the loop counts, the request's prefix ids' range
+ REQ_PREFIX_END, REQ_LAST_STEP, REQ_RISK, REQ_PRELOADED) = range(18)
+REQ_COLUMNS = 18  # int64: prompt, output, token offset, what the loop counts, the request's prefix ids' range
 TIME_ARRIVAL, TIME_SENT, TIME_FIRST, TIME_FINISH, TIME_SCHED, TIME_RELEASE, TIME_SEEN, TIME_LAST = range(8)
 TIME_COLUMNS = 8  # float64, seconds; REQ_LAST_STEP and TIME_LAST keep a preempted request's last token
 # REQ_RISK: 1 if a preemption could get the request rejected (chunking off, prompt + output over the budget)
+# REQ_PRELOADED: 1 if the request arrives with the KV of its prompt (a decode instance of disaggregated serving): its
+# admission allocates blocks for prompt + first token and computes nothing of the prompt; a preemption clears it
 
 # -- metrics the loops accumulate as they run (DESIGN section 5) --------------------------------------------------
 # Inter-token gaps go into a histogram: bin 0 holds gaps under 2**(ITL_EXP_LO - 1) s, then each octave
@@ -114,3 +122,8 @@ UNINDEXED = NO_KEY + 1
 # The block pool is one int64 array: a header, then each section (see kvcache.py).
 POOL_SLOTS, POOL_TABLE, POOL_SEATS = range(3)  # header: slots n, hash-table size T (a power of 2), seats S
 POOL_HEADER = 3
+
+# -- several engines (fleet.py) -----------------------------------------------------------------------------------
+ROUTERS = ("round_robin", "least_outstanding", "prefix_aware")
+ROUTE_ROUND_ROBIN, ROUTE_LEAST_OUTSTANDING, ROUTE_PREFIX = range(3)
+ENGINE_STATE, ENGINE_CLOCK, ENGINE_POOL, ENGINE_DONE_LOG = 0, 1, 11, 15  # fields of an engine tuple (engine.py)
