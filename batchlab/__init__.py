@@ -9,6 +9,7 @@ from .workload import (Requests, arrivals_gamma, arrivals_poisson, fixed, from_f
                        lengths_lognormal, lengths_uniform, multi_turn, read_trace, shared_prefix, synthetic)
 from .workload import preset, preset_names, trace_stats
 from .datasets import replay
+from .fleet import FleetResult, simulate_disaggregated, simulate_fleet, transfer_times
 from .tune import SLO, max_rate, parse_goodput, tune
 from . import validate as validate  # end-to-end calibration runs and their replay (issue 11)
 
@@ -20,6 +21,7 @@ __all__ = [
     "arrivals_poisson", "fixed", "from_frame", "lengths_empirical", "lengths_lognormal", "lengths_uniform",
     "read_trace", "synthetic", "shared_prefix", "multi_turn",
     "preset", "preset_names", "trace_stats", "replay", "expand_grid", "is_dominated", "pareto_front", "sweep",
-    "SLO", "parse_goodput", "max_rate", "tune",
+    "SLO", "parse_goodput", "max_rate", "tune", "FleetResult", "simulate_fleet", "simulate_disaggregated",
+    "transfer_times",
 ]
 __version__ = "0.1.0"

@@ -20,9 +20,15 @@ class _HardwareFields(NamedTuple):
     hbm_bytes: float  # bytes, HBM capacity as the driver reports it
     interconnect_bytes_per_s: float  # bytes/s, NVLink bandwidth per direction per GPU
     has_fp8: bool  # whether FP8 GEMMs run at twice the BF16 rate
+    # KV-cache transfer between engines (disaggregated prefill and decode, batchlab.disagg): time = latency +
+    # bytes / bandwidth. Within a node over NVLink (interconnect_bytes_per_s); between nodes over one network link.
+    interconnect_latency_s: float = 5e-6  # s, NVLink transfer latency (a few microseconds)
+    network_bytes_per_s: float = 50e9  # bytes/s, one 400 Gb/s link between nodes (InfiniBand NDR, RoCE)
+    network_latency_s: float = 10e-6  # s, network transfer latency between nodes (about 10 microseconds)
 
 
-_POSITIVE_FIELDS = ("flops_bf16", "flops_fp8", "hbm_bytes_per_s", "hbm_bytes", "interconnect_bytes_per_s")
+_POSITIVE_FIELDS = ("flops_bf16", "flops_fp8", "hbm_bytes_per_s", "hbm_bytes", "interconnect_bytes_per_s",
+                    "interconnect_latency_s", "network_bytes_per_s", "network_latency_s")
 
 
 class Hardware(_HardwareFields):

@@ -7,7 +7,8 @@ reference in ``tests/reference.py`` must agree with both.
 
 Modules: :mod:`.layout` (slot names), :mod:`.cost` (the step cost), :mod:`.records` (growing records),
 :mod:`.gaps` (the inter-token gap histogram), :mod:`.batched` (static and dynamic batching), :mod:`.kvcache` (the
-block pool and prefix cache) and :mod:`.iterations` (continuous and chunked).
+block pool and prefix cache), :mod:`.iterations` (the steps of continuous and chunked), :mod:`.engine` (their
+loop, resumable) and :mod:`.fleet` (several engines: replicas behind a router, disaggregated prefill and decode).
 
 Helpers that never allocate are compiled with ``_nrt=False``: the arrays they are passed are borrowed from the
 loop that owns them, so numba emits no reference counting for them. Those counts are atomic operations, and
@@ -40,8 +41,9 @@ numba.config.CACHE_DIR = _cache_dir()  # read when each @njit(cache=True) below 
 try:
     from .cost import step_cost
     from .entry import simulate_kernel
+    from .fleet import fleet_kernel
     from .layout import *  # noqa: F403 - the slot names are this package's interface
 finally:
     numba.config.CACHE_DIR = _previous_cache_dir
 
-__all__ = ["SOURCE_STAMP", "simulate_kernel", "step_cost"]
+__all__ = ["SOURCE_STAMP", "fleet_kernel", "simulate_kernel", "step_cost"]
