@@ -51,3 +51,19 @@ def measured():
         return calibrate.measured_dir()
     except FileNotFoundError:
         pytest.skip(f"raw measured timings not found: set {calibrate.MEASURED_ENV} to ../shared/data/measured")
+
+
+def pytest_terminal_summary(terminalreporter):
+    """What the property tests' examples exercised (strategies.outcome): the share of examples that admitted a
+    request, rejected every request, split a prompt over iterations, or preempted, per test."""
+    try:
+        from strategies import KINDS, OUTCOMES
+    except ImportError:
+        return
+    if not OUTCOMES:
+        return
+    terminalreporter.section("property-test examples: what they exercised")
+    for test, counts in sorted(OUTCOMES.items()):
+        n = counts["examples"]
+        shares = ", ".join(f"{kind} {counts[kind] / n:.0%}" for kind in KINDS[1:])
+        terminalreporter.write_line(f"{test}: {n} examples; {shares}")

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import batchlab as bl
-from strategies import knobs, streams
+from strategies import knobs, outcome, steered_streams, streams
 
 
 def _run(requests, policy, cost, k):
@@ -106,9 +106,10 @@ def _replay_iteration_level(res, requests, k):
 @settings(max_examples=250)
 @given(data=st.data())
 def test_iteration_level_invariants(cost8b, policy, data):
-    requests = data.draw(streams())
-    k = data.draw(knobs(policy))
+    requests = data.draw(steered_streams())
+    k = data.draw(knobs(policy, requests=requests))
     res = _run(requests, policy, cost8b, k)
+    outcome(res, f"iteration-level invariants, {policy}")
     _check_common(res, requests, k, k["max_num_seqs"])
     _replay_iteration_level(res, requests, k)
 
@@ -117,9 +118,10 @@ def test_iteration_level_invariants(cost8b, policy, data):
 @settings(max_examples=200)
 @given(data=st.data())
 def test_batched_invariants(cost8b, policy, data):
-    requests = data.draw(streams())
-    k = data.draw(knobs(policy))
+    requests = data.draw(steered_streams())
+    k = data.draw(knobs(policy, requests=requests))
     res = _run(requests, policy, cost8b, k)
+    outcome(res, f"batched invariants, {policy}")
     _check_common(res, requests, k, k["batch_size"])
     df = res.requests[~res.requests.rejected]
     # Lockstep: every member of a batch is released together, when its longest output ends.
@@ -138,6 +140,7 @@ def test_preemption_happens_and_is_survived(cost8b, data):
          "max_num_batched_tokens": data.draw(st.sampled_from([8, 64, 512])),
          "long_prefill_token_threshold": 0, "enable_chunked_prefill": True}
     res = _run(requests, "chunked", cost8b, k)
+    outcome(res, "preemption is survived, chunked")
     _check_common(res, requests, k, 8)
     _replay_iteration_level(res, requests, k)
     assert res.summary()["completed"] == len(requests)  # 40 + 40 - 1 tokens fit 21 blocks of 4
@@ -151,3 +154,27 @@ def test_property_workloads_do_preempt(cost8b):
     res = _run(requests, "chunked", cost8b, k)
     assert res.summary()["preemptions"] > 0
     _replay_iteration_level(res, requests, k)
+
+
+@pytest.mark.parametrize("policy, least", [
+    ("chunked", {"admits": 0.9, "chunks a prompt": 0.4, "preempts": 0.35}),
+    ("continuous", {"admits": 0.85}),  # Orca reserves prompt + output at admission: it never preempts
+    ("static", {"admits": 0.8}), ("dynamic", {"admits": 0.8}),
+])
+def test_strategies_exercise_admission_chunking_and_preemption(cost8b, policy, least):
+    """The strategies are steered (strategies.knobs with ``requests``): most examples admit requests, and for the
+    iteration-level policies a good share split a prompt or preempt, rather than rejecting every request up
+    front. 150 examples of each policy, classified by strategies.outcome."""
+    got = []
+
+    @settings(max_examples=150, database=None, derandomize=True)  # the same examples every run: no flaky share
+    @given(data=st.data())
+    def run(data):
+        requests = data.draw(steered_streams())
+        k = data.draw(knobs(policy, requests=requests))
+        got.append(outcome(_run(requests, policy, cost8b, k), f"strategy shares, {policy}"))
+
+    run()
+    shares = {kind: np.mean([g[kind] for g in got]) for kind in least}
+    for kind, share in least.items():
+        assert shares[kind] >= share, f"{policy}: only {shares[kind]:.0%} of examples {kind} (want {share:.0%})"
