@@ -11,7 +11,7 @@ export BATCHLAB_MEASURED_DIR ?= $(SHARED)/measured
 endif
 export PYTHONHASHSEED := 0
 
-.PHONY: book test lint unit nbval browser bench clean
+.PHONY: book test lint unit nbval browser bench clean mutate
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -36,6 +36,14 @@ browser: book
 	$(PY) -m pytest -q -m "browser or live" tests
 
 test: lint unit nbval browser
+
+# make mutate: mutation testing with mutmut (not in CI: slow), in a scratch copy (_build/mutate), kernels as plain
+# Python (NUMBA_DISABLE_JIT=1, @njit removed from the mutated kernel files). Default scope: the metrics, the cost
+# model and the kernel's cost formula against a fast hand-worked test subset (about 20 minutes on 2 cores);
+# MUTATE_PATHS=batchlab mutates the whole package (hours). Scores and survivors: tests/MUTANTS.md.
+MUTATE_PATHS ?= batchlab/metrics.py batchlab/cost.py batchlab/_kernels/cost.py
+mutate: $(VENV)/.installed
+	$(PY) tests/mutate.py $(MUTATE_PATHS)
 
 bench: $(VENV)/.installed
 	$(PY) benchmarks/bench_simulate.py
