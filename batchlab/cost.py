@@ -286,6 +286,8 @@ class CostModel:
         gpu_memory_utilization = _validate.real("gpu_memory_utilization", gpu_memory_utilization, 0, 1,
                                                 low_open=True)
         block_size = _validate.integer("block_size", block_size, 1, 2**16)
+        max_num_batched_tokens = _validate.integer("max_num_batched_tokens", max_num_batched_tokens, 0, 2**40)
+        max_num_seqs = _validate.integer("max_num_seqs", max_num_seqs, 0, 2**40)
         free = (gpu_memory_utilization * self.hardware.hbm_bytes - self.weight_bytes
                 - self.vllm_reserved_bytes(max_num_batched_tokens, max_num_seqs))
         return max(int(free // (block_size * self.kv_bytes_per_token)), 0)
@@ -355,8 +357,7 @@ class CostModel:
 
     def prefill_time(self, tokens: int) -> float:
         """Seconds to prefill one prompt of ``tokens`` tokens alone, unchunked."""
-        if tokens < 1:
-            raise ValueError(f"tokens must be >= 1, got {tokens!r}")
+        tokens = _validate.integer("tokens", tokens, 1, _validate.MAX_TOKENS)
         return self.step_time(prefill_chunks=[(tokens, 0)])
 
     def ridge(self) -> float:

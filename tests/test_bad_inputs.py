@@ -144,6 +144,9 @@ BAD = {
     "replay limit 2.5": (lambda c: bl.replay("azure-code-2023", limit=2.5), "limit must be an integer"),
     "head('3')": (lambda c: c.reqs.head("3"), "n_requests must be an integer from 1"),
     "seed=-1": (lambda c: bl.synthetic(5, 100, 10, seed=-1), "seed must be an integer >= 0"),
+    "prefill_time('8000')": (lambda c: c.cost.prefill_time("8000"), "tokens must be an integer from 1 to"),
+    "prefill_time(2**63)": (lambda c: c.cost.prefill_time(2**63), "tokens must be an integer from 1 to"),
+    "kv_pool_blocks(max_num_seqs=-1)": (lambda c: c.cost.kv_pool_blocks(max_num_seqs=-1), "max_num_seqs must be"),
 }
 
 
