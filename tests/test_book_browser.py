@@ -57,6 +57,7 @@ RADIO_PAGES = {
     "notebooks/11_fact_check": 1,
     "notebooks/12_tuning": 3,  # workload, SLO (in ms) and load of the goodput map
     "notebooks/13_prefix_caching": 2,  # workload and KV pool (in GiB) of the hit-rate chart
+    "notebooks/14_disaggregation": 2,  # workload and SLO (TTFT and TPOT bounds in ms) of the goodput chart
 }
 
 
