@@ -246,7 +246,13 @@ def _row(t, seqs, tokens):
     return t.table[(t.table["max_num_seqs"] == seqs) & (t.table["max_num_batched_tokens"] == tokens)].iloc[0]
 
 
+# The serving terms this case was constructed with (a re-fit of data/calibration.csv must not undo it).
+STEADY_TERMS = {"request_latency_s": 0.00515423, "frontend_s_per_token": 4.71934e-07, "cpu_step_s": 8.03603e-06,
+                "cpu_seq_s": 2.7323e-05, "cpu_hidden_fraction": 0.426159}
+
+
 def test_tune_takes_the_tied_setting_with_the_most_slo_headroom(cost8b):
+    cost8b = cost8b.replace(**STEADY_TERMS)
     t = bl.tune(STEADY, cost8b, STEADY_SLO, max_num_seqs=[64], max_num_batched_tokens=[1024, 8192], progress=False)
     one_chunk, two_chunks = _row(t, 64, 8192), _row(t, 64, 1024)
     # the case as constructed: a tie on goodput within 1 %, won on goodput by the pair with less headroom
