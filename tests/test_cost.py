@@ -233,3 +233,86 @@ def test_batch_for_step_time_is_the_closest_batch(cost8b):  # chapter 11, claim 
     assert cost8b.batch_for_step_time(0.030, 2048) > b  # a slower cadence carries more sequences
     with pytest.raises(ValueError, match="outside"):
         cost8b.batch_for_step_time(0.001, 2048)  # faster than one sequence's step
+
+
+# -- cases that kill the surviving mutants of cost.py (tests/MUTANTS.md) --------------------------------------
+@pytest.mark.parametrize("tp", [2, 4])
+def test_tensor_parallel_flops_and_allreduces_by_hand(h100, tp):
+    """Per GPU, every FLOP term is divided by t; each layer adds two ring all-reduces of 2 (t-1)/t of the
+    activations per token and two latencies per step."""
+    m = bl.get_model("llama-3-8b")
+    c = bl.CostModel(h100, m, tp=tp).ideal().replace(allreduce_latency_s=3e-6)
+    T, L, d = 100 + 8, m.layers, m.heads * m.head_dim
+    b = c.step_breakdown(prefill_chunks=[(100, 50)], decode_contexts=[1000] * 8)
+    flops = 2 * m.body_params * T + 2 * L * d * (100 * (2 * 50 + 100) + 2 * 8 * 1000) + 2 * 9 * m.vocab * m.d_model
+    assert b.flops == pytest.approx(flops / tp, rel=1e-12)
+    comm = T * 2 * L * 2 * (tp - 1) / tp * m.d_model * 2 / h100.interconnect_bytes_per_s + 2 * L * 3e-6
+    assert b.comm_s == pytest.approx(comm, rel=1e-12)
+
+
+def test_lm_head_runs_on_the_sampled_rows_only(ideal8b):
+    """600 one-token chunks: the LM head over 600 rows is compute-bound (past the ridge), so it costs 2 V d rows / F;
+    with 300 of them sampling, half that."""
+    m, F = ideal8b.model, 989.4e12
+    all_rows = ideal8b.step_breakdown(prefill_chunks=[(1, 0)] * 600)
+    half = ideal8b.step_breakdown(prefill_chunks=[(1, 0)] * 600, sampled_chunks=300)
+    assert all_rows.lm_head_s == pytest.approx(2 * 600 * m.vocab * m.d_model / F, rel=1e-12)
+    assert half.lm_head_s == pytest.approx(2 * 300 * m.vocab * m.d_model / F, rel=1e-12)
+    assert ideal8b.step_time([(1, 0)] * 600, sampled_chunks=300) == pytest.approx(half.total_s, rel=1e-12)
+    assert ideal8b.step_time([(1, 0)]) > 0  # a one-token chunk is a valid step
+
+
+def test_async_scheduling_is_the_default_of_the_step(cost8b):
+    c = cost8b.replace(cpu_step_s=1e-3, cpu_hidden_fraction=0.5)
+    ctx = [500] * 10
+    assert c.step_time(decode_contexts=ctx) == c.step_time(decode_contexts=ctx, asynchronous=True)
+    assert c.step_time(decode_contexts=ctx) < c.step_time(decode_contexts=ctx, asynchronous=False)
+    assert c.decode_step_time(10, 500) == pytest.approx(c.step_time(decode_contexts=ctx), rel=1e-12)
+    assert c.decode_step_time(10, 500, asynchronous=False) == pytest.approx(
+        c.step_time(decode_contexts=ctx, asynchronous=False), rel=1e-12)
+    grid = c.decode_step_time(np.array([[1, 2], [3, 4]]), 500)
+    assert grid.shape == (2, 2) and grid[1, 1] == pytest.approx(c.decode_step_time(4, 500), rel=1e-12)
+
+
+def test_ridge_with_efficiencies(h100):
+    c = bl.CostModel(h100, bl.get_model("llama-3-8b"), eta_compute=0.6, eta_memory=0.5)
+    assert c.ridge() == pytest.approx(0.6 * 989.4e12 * 2 / (2 * 0.5 * 3.35e12), rel=1e-12)
+    assert c.ideal().frontend_s_per_token == 0.0 and c.ideal().allreduce_latency_s == 0.0
+
+
+def test_kv_pool_defaults_and_edges(cost8b, h100):
+    assert cost8b.kv_pool_blocks() == cost8b.kv_pool_blocks(0.92, 16, 8192, 1024)
+    assert cost8b.vllm_reserved_bytes() == cost8b.vllm_reserved_bytes(8192, 1024)
+    k = cost8b.kv_bytes_per_token
+    free = 1.0 * h100.hbm_bytes - cost8b.weight_bytes - cost8b.vllm_reserved_bytes(8192, 1024)
+    assert cost8b.kv_pool_blocks(1.0, 1) == math.floor(free / k)  # all of HBM, blocks of one token
+    assert bl.CostModel(h100, bl.get_model("llama-3-70b")).kv_pool_blocks() == 0  # 141 GB of weights: no pool
+    with pytest.raises(ValueError, match=r"^gpu_memory_utilization must be a finite number in \(0, 1\], got 0$"):
+        cost8b.kv_pool_blocks(0)
+    with pytest.raises(ValueError, match="^block_size must be an integer from 1 to 65536, got 0$"):
+        cost8b.kv_pool_blocks(0.9, 0)
+
+
+def test_batch_for_step_time_at_the_ends_of_its_range(cost8b):
+    one, eight = cost8b.decode_step_time(1, 2048), cost8b.decode_step_time(8, 2048)
+    assert cost8b.batch_for_step_time(one, 2048, max_batch=8) == 1
+    assert cost8b.batch_for_step_time(eight, 2048, max_batch=8) == 8
+    with pytest.raises(ValueError, match=r"^a 1 ms decode step is outside 1\.\.8 sequences at 2048 tokens"):
+        cost8b.batch_for_step_time(0.001, 2048, max_batch=8)
+    with pytest.raises(ValueError, match="outside 1..8 sequences"):
+        cost8b.batch_for_step_time(eight * 1.001, 2048, max_batch=8)
+
+
+def test_step_argument_messages_exactly(cost8b):
+    with pytest.raises(ValueError, match="^a step needs at least one prefill chunk or one decode sequence$"):
+        cost8b.step_time()
+    with pytest.raises(ValueError, match=r"^prefill_chunks need new_tokens >= 1 and cached_tokens >= 0; "):
+        cost8b.step_time(prefill_chunks=[(0, 5)])
+    with pytest.raises(ValueError, match="^prefill_chunks need"):
+        cost8b.step_time(decode_contexts=[-1])
+    with pytest.raises(ValueError, match="^batch must be >= 1 and context >= 0$"):
+        cost8b.decode_step_time(0, 10)
+    with pytest.raises(ValueError, match="^sampled_chunks must be an integer from 0 to 1, got 2$"):
+        cost8b.step_time([(10, 0)], sampled_chunks=2)
+    with pytest.raises(ValueError, match="^sampled_chunks must be an integer from 0 to 1, got 0.5$"):
+        cost8b.step_time([(10, 0)], sampled_chunks=0.5)

@@ -213,3 +213,46 @@ def test_fp8_compute_util_is_bounded_by_its_efficiencies(cost70b_fp8):
     st = res.steps
     assert (st.compute_util > 0).all()
     assert (st.compute_util <= max(cost70b_fp8.eta_compute, cost70b_fp8.eta_attn) + 1e-9).all()
+
+
+# -- cases that kill the surviving mutants of metrics.py (tests/MUTANTS.md) -----------------------------------
+def test_per_request_latencies_by_hand():
+    """Arrivals 1 and 2 s, scheduled 1.5 and 2 s, first tokens 2 and 3 s, finishes 5 and 3 s, outputs of 4 and 1
+    and 2 tokens: queue 0.5 and 0; TTFT 1 and 1; TPOT (5 - 2) / 3 = 1, NaN for one token, (4 - 3.5) / 1 = 0.5
+    for two; E2E 4 and 1."""
+    out = metrics.per_request([1, 2, 3], [4, 1, 2], [1.5, 2, 3], [2, 3, 3.5], [5, 3, 4])
+    np.testing.assert_array_equal(out["queue_s"], [0.5, 0.0, 0.0])
+    np.testing.assert_array_equal(out["ttft_s"], [1.0, 1.0, 0.5])
+    np.testing.assert_array_equal(out["tpot_s"], [1.0, np.nan, 0.5])
+    np.testing.assert_array_equal(out["e2el_s"], [4.0, 1.0, 1.0])
+
+
+def test_goodput_edges_by_hand():
+    """The duration runs from the first arrival (here 0.5 s, not 0) to the last finish (0.9 s): 0.4 s, under a
+    second; a run with nothing completed, or that lasts no time, has no goodput."""
+    frame = pd.DataFrame({"arrival_s": [0.5, 0.6], "finish_s": [0.8, 0.9], "rejected": [False, False],
+                          "ttft_s": [0.1, 0.2], "tpot_s": [np.nan, 0.01], "e2el_s": [0.3, 0.3]})
+    assert metrics.goodput(frame, ttft_s=0.15) == pytest.approx(1 / 0.4, rel=1e-12)
+    assert metrics.goodput(frame, tpot_s=1e-6) == pytest.approx(1 / 0.4, rel=1e-12)  # NaN TPOT meets any SLO
+    assert metrics.goodput(frame.assign(rejected=True), ttft_s=1.0) == 0.0
+    instant = frame.assign(arrival_s=[0.5, 0.5], finish_s=[0.5, 0.5])
+    assert metrics.goodput(instant, ttft_s=1.0) == 0.0
+    with pytest.raises(ValueError, match="^goodput needs at least one SLO: ttft_s, tpot_s or e2el_s$"):
+        metrics.goodput(frame)
+    with pytest.raises(ValueError, match=r"^e2el_s SLO must be > 0 seconds, got -1$"):
+        metrics.goodput(frame, e2el_s=-1)
+
+
+def test_summary_of_a_run_with_nothing_completed_is_all_zero(cost8b):
+    s = bl.simulate(bl.Requests([0.0], [10**6], [10]), "chunked", cost8b).summary()
+    assert (s["duration"], s["padding_fraction"], s["gpu_busy_fraction"], s["prefix_cache_hit_rate"]) == (0, 0, 0, 0)
+    assert s["preemptions"] == 0 and isinstance(s["preemptions"], int)
+
+
+def test_prefix_cache_hit_rate_is_cached_over_prompt_tokens(cost8b):
+    """Two identical 64-token prompts of four 16-token blocks, the second after the first finished: it finds three
+    blocks cached (never the one holding its last token), 48 of 128 prompt tokens: 0.375."""
+    r = bl.Requests([0.0, 1.0], [64, 64], [2, 2], [[1, 2, 3, 4], [1, 2, 3, 4]], 16)
+    res = bl.simulate(r, "chunked", cost8b)
+    assert res.requests["cached_tokens"].tolist() == [0, 48]
+    assert res.summary()["prefix_cache_hit_rate"] == 48 / 128
