@@ -144,8 +144,14 @@ class FleetResult:
         first tokens; a decode instance: their outputs, with the TTFT of their prefill). Its ``summary()`` has
         DESIGN section 5's keys, its prefix-cache hit rate among them."""
         i = _validate.integer("i", i, 0, self.n_engines - 1)
+        rows = self._rows(i)
+        if rows.size == 0:
+            raise ValueError(f"engine {i} served no request (summaries() lists it with requests = 0)")
+        return self._view(rows, i)
+
+    def _rows(self, i: int) -> np.ndarray:
         who = self.decode_engine if self.role(i) == "decode" else self.engine
-        return self._view(np.flatnonzero(who == i), i)
+        return np.flatnonzero(who == i)
 
     def summary(self, slo=None) -> dict:
         """The fleet's ``vllm bench serve``-style summary (DESIGN section 5), plus ``n_gpus`` and, with ``slo``,
@@ -157,11 +163,12 @@ class FleetResult:
         return out
 
     def summaries(self) -> pd.DataFrame:
-        """One row per engine: its role, requests and the summary keys of :meth:`replica`'s ``summary()``."""
+        """One row per engine: its role, requests and the summary keys of :meth:`replica`'s ``summary()`` (NaN for an
+        engine that served no request)."""
         rows = []
         for i in range(self.n_engines):
-            res = self.replica(i)
-            rows.append({"engine": i, "role": self.role(i), "requests": len(res.stream), **res.summary()})
+            n = self._rows(i).size
+            rows.append({"engine": i, "role": self.role(i), "requests": n, **(self.replica(i).summary() if n else {})})
         return pd.DataFrame(rows).set_index("engine")
 
     def goodput(self, ttft_s=None, tpot_s=None, e2el_s=None) -> float:

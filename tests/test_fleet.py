@@ -167,3 +167,69 @@ def test_bad_arguments(cost):
         bl.simulate_disaggregated(reqs, cost, 1, 1, link="carrier-pigeon")
     with pytest.raises(ValueError, match="n_decode"):
         bl.simulate_disaggregated(reqs, cost, 1, 0)
+
+
+# -- properties over random streams and knobs (tests/strategies.py) --------------------------------------------
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from strategies import knobs as knob_draws  # noqa: E402
+from strategies import shared_prefix_streams  # noqa: E402
+
+_COST = bl.CostModel(bl.get_hardware("h100-sxm"), bl.get_model("llama-3-8b"))
+
+
+@st.composite
+def stream_and_knobs(draw):
+    reqs = draw(shared_prefix_streams())
+    k = draw(knob_draws("chunked", requests=reqs))
+    k.pop("max_concurrency")  # open-loop clients only in a fleet
+    return reqs, k
+
+
+@given(stream_and_knobs())
+@settings(max_examples=150, deadline=None)
+def test_one_replica_is_simulate_on_random_streams(case):
+    reqs, k = case
+    ref = bl.simulate(reqs, "chunked", _COST, record_schedule=True, **k)
+    fleet = bl.simulate_fleet(reqs, _COST, 1, record_tokens=True, record_schedule=True, **k).fleet
+    for field in FIELDS:
+        a, b = getattr(fleet.raw, field), getattr(ref.raw, field)
+        assert a.shape == b.shape and np.array_equal(a, b, equal_nan=True), field
+
+
+@given(stream_and_knobs(), st.integers(1, 3), st.integers(1, 3), st.sampled_from(["round_robin", "least_outstanding"]))
+@settings(max_examples=150, deadline=None)
+def test_disaggregated_serves_each_request_once_on_random_streams(case, n_prefill, n_decode, router):
+    reqs, k = case
+    res = bl.simulate_disaggregated(reqs, _COST, n_prefill, n_decode, router=router, record_tokens=True,
+                                    record_schedule=True, **k)
+    df = res.fleet.requests
+    served = ~df["rejected"].to_numpy()
+    out = res.generated
+    front, back = res.engine, res.decode_engine
+    assert ((front >= 0) & (front < n_prefill))[served].all()
+    handed = np.flatnonzero(back >= 0)
+    assert (back[handed] >= n_prefill).all() and (out[handed] > 1).all()
+    assert np.isin(np.flatnonzero(served & (out > 1)), handed).all()  # every served multi-token output was handed over
+    landed = res.transfers["landed_s"]
+    first, finish = df["first_token_s"].to_numpy(), df["finish_s"].to_numpy()
+    assert (finish[served] >= first[served]).all()
+    ok = served[handed]  # a request can be rejected on the decode side (preempted, chunking off, over the budget)
+    assert (landed.to_numpy()[ok] >= first[handed][ok]).all()
+    np.testing.assert_array_equal(landed.index, handed)
+    table = res.summaries()
+    assert table["requests"].sum() == served.sum() + len(handed)
+    for i in range(res.n_engines):  # each request appears in the schedule of its own engines only
+        mine = np.flatnonzero((front if i < n_prefill else back) == i)
+        if mine.size == 0:
+            with pytest.raises(ValueError, match="served no request"):
+                res.replica(i)
+            continue
+        sched = res.replica(i).schedule
+        assert set(sched["request"]) <= set(mine)
+        if i >= n_prefill:  # a decode instance computes a prompt only for a request it preempted
+            pre = sched[sched["kind"] == "prefill"]["request"]
+            assert set(pre) <= set(sched[sched["kind"] == "preempt"]["request"])
+    times = res.fleet.token_times
+    for r in np.flatnonzero(served):
+        assert len(times[r]) == out[r] and np.all(np.diff(times[r]) > 0)
