@@ -199,23 +199,27 @@ def transfer_display(table: pd.DataFrame):
         "network_ms": ("over 400 Gb/s (ms)", "{:,.2f}")})
 
 
-def routing_table(cost, requests, n_replicas: int, routers=ROUTERS, **knobs) -> pd.DataFrame:
-    """Each router over ``n_replicas`` replicas: prefix-cache hit rate, median and P99 TTFT, P99 TPOT and the
-    spread of requests across replicas (largest share / fair share). Used in chapter 14."""
+def routing_table(cost, workloads: dict, n_replicas: int, routers=ROUTERS, **knobs) -> pd.DataFrame:
+    """Each router over ``n_replicas`` replicas on each workload (name -> :class:`batchlab.Requests`): the fleet's
+    prefix-cache hit rate, median and P99 TTFT, P99 TPOT and the spread of requests across replicas (largest
+    share / fair share). Used in chapter 14."""
     rows = []
-    for router in routers:
-        res = bl.simulate_fleet(requests, cost, n_replicas, router=router, **knobs)
-        s = res.summary()
-        counts = np.bincount(res.engine[res.engine >= 0], minlength=n_replicas)
-        rows.append({"router": router.replace("_", " "), "prefix_cache_hit_rate": s["prefix_cache_hit_rate"],
-                     "median_ttft_ms": s["median_ttft_ms"], "p99_ttft_ms": s["p99_ttft_ms"],
-                     "p99_tpot_ms": s["p99_tpot_ms"], "imbalance": counts.max() / counts.mean()})
+    for name, requests in workloads.items():
+        for router in routers:
+            res = bl.simulate_fleet(requests, cost, n_replicas, router=router, **knobs)
+            s = res.summary()
+            counts = np.bincount(res.engine[res.engine >= 0], minlength=n_replicas)
+            rows.append({"workload": name, "router": router.replace("_", " "),
+                         "prefix_cache_hit_rate": s["prefix_cache_hit_rate"], "median_ttft_ms": s["median_ttft_ms"],
+                         "p99_ttft_ms": s["p99_ttft_ms"], "p99_tpot_ms": s["p99_tpot_ms"],
+                         "imbalance": counts.max() / counts.mean()})
     return pd.DataFrame(rows)
 
 
 def routing_display(table: pd.DataFrame):
     return viz.display_table(table, {
-        "router": ("router", "{}"), "prefix_cache_hit_rate": ("prefix-cache hit rate", "{:.1%}"),
+        "workload": ("workload", "{}"), "router": ("router", "{}"),
+        "prefix_cache_hit_rate": ("prefix-cache hit rate", "{:.1%}"),
         "median_ttft_ms": ("median TTFT (ms)", "{:,.0f}"), "p99_ttft_ms": ("P99 TTFT (ms)", "{:,.0f}"),
         "p99_tpot_ms": ("P99 TPOT (ms)", "{:,.1f}"), "imbalance": ("busiest replica / mean (requests)", "{:.2f}")})
 

@@ -112,7 +112,8 @@ def test_transfer_table_is_bytes_over_bandwidth(cost):
 
 def test_routing_table(cost):
     reqs = bl.shared_prefix(300, 4, 4, 1500, 50, 20, rate_req_s=20.0, seed=2)
-    t = chapter.routing_table(cost, reqs, 3).set_index("router")
+    t = chapter.routing_table(cost, {"shared": reqs}, 3).set_index("router")
+    assert (t["workload"] == "shared").all()
     assert list(t.index) == ["round robin", "least outstanding", "prefix aware"]
     assert t.loc["round robin", "imbalance"] == pytest.approx(1.0)
     assert t.loc["prefix aware", "prefix_cache_hit_rate"] > t.loc["round robin", "prefix_cache_hit_rate"]
