@@ -156,7 +156,7 @@ def goodput_chart(table: pd.DataFrame, workload_name: str | None = None, slo: in
     names = list(dict.fromkeys(table["workload"]))
     order = list(dict.fromkeys(table["config"]))
     by_slo = table.drop_duplicates("slo").sort_values("slo")
-    slo_param, at_slo = viz.grid_param("slo_index", table["slo"], "SLO", value=slo,
+    slo_param, at_slo = viz.grid_param("slo_index", table["slo"], "SLO", field="slo", value=slo,
                                        labels=[slo_label(t, p) for t, p in zip(by_slo["ttft_ms"], by_slo["tpot_ms"])])
     at_workload = "datum.workload == workload_pick"
     pick = alt.param(name="workload_pick", value=workload_name or names[0],

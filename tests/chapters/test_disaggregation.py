@@ -3,6 +3,7 @@ SLO attainment crosses 90 %), the winners table, the grid on an executor equal t
 transfer table, the routing table, and the chart's spec (workload and SLO radio buttons, the SLO labelled in ms)."""
 from __future__ import annotations
 
+import re
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -98,6 +99,10 @@ def test_winners_and_chart(small_grid):
     assert "bar" in marks(spec)
     filters = [f for f in walk(spec, "filter") if isinstance(f, str)]
     assert any("workload_pick" in f and "slo_index" in f for f in filters)
+    # Every field a filter reads is a column of the chart's data (else the chart draws nothing).
+    columns = {k for rows in spec["datasets"].values() for row in rows for k in row}
+    read = {m for f in filters for m in re.findall(r"datum\['(\w+)'\]|datum\.(\w+)", f) for m in m if m}
+    assert read and read <= columns, read - columns
 
 
 def test_transfer_table_is_bytes_over_bandwidth(cost):
