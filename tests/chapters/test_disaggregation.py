@@ -4,7 +4,7 @@ transfer table, the routing table, and the chart's spec (workload and SLO radio 
 from __future__ import annotations
 
 import re
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 
 import numpy as np
 import pandas as pd
@@ -66,8 +66,9 @@ def test_goodput_interpolates_the_crossing():
     assert t.loc[2, "goodput_req_s"] == 8.0 and t.loc[2, "capped"]
 
 
-def test_grid_on_an_executor_equals_the_grid_here(cost, small_grid):
-    with ThreadPoolExecutor(2) as pool:
+@pytest.mark.parametrize("pool_kind", [ThreadPoolExecutor, ProcessPoolExecutor])
+def test_grid_on_an_executor_equals_the_grid_here(cost, small_grid, pool_kind):
+    with pool_kind(2) as pool:  # a process pool pickles every cell's arguments, as Dask does
         elsewhere = chapter.goodput_grid(cost, SMALL_RATES, n_gpus=2, duration_s=10.0, executor=pool)
     pd.testing.assert_frame_equal(small_grid, elsewhere)
     assert len(small_grid) == sum(len(r) for r in SMALL_RATES.values()) * len(chapter.configs(2))
