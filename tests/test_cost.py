@@ -316,3 +316,28 @@ def test_step_argument_messages_exactly(cost8b):
         cost8b.step_time([(10, 0)], sampled_chunks=2)
     with pytest.raises(ValueError, match="^sampled_chunks must be an integer from 0 to 1, got 0.5$"):
         cost8b.step_time([(10, 0)], sampled_chunks=0.5)
+
+
+def test_fp8_weights_take_the_fp8_efficiencies(h100):
+    """The defaults: BF16 weights the fitted eta_compute and eta_memory, FP8 weights their own fitted pair."""
+    from batchlab.cost import DEFAULT_EFFICIENCY
+    m = bl.get_model("llama-3-8b")
+    bf16, fp8 = bl.CostModel(h100, m), bl.CostModel(h100, m, dtype="fp8")
+    assert (bf16.eta_compute, bf16.eta_memory) == (DEFAULT_EFFICIENCY["eta_compute"], DEFAULT_EFFICIENCY["eta_memory"])
+    assert (fp8.eta_compute, fp8.eta_memory) == (DEFAULT_EFFICIENCY["eta_compute_fp8"],
+                                                 DEFAULT_EFFICIENCY["eta_memory_fp8"])
+    assert fp8.eta_compute != bf16.eta_compute  # 0.564 and 0.706 in data/calibration.csv
+
+
+def test_cost_model_stores_python_numbers(h100):
+    """NumPy scalars are accepted and stored as Python int and float, so two equal models compare equal."""
+    c = bl.CostModel(h100, bl.get_model("llama-3-8b"), tp=np.int64(2), eta_elementwise=np.float32(0.5),
+                     eta_attn=np.float64(0.4), overhead_s=np.float32(0.25))
+    assert type(c.tp) is int and type(c.eta_elementwise) is float and type(c.eta_attn) is float
+    assert type(c.overhead_s) is float and c.eta_elementwise == 0.5 and c.overhead_s == 0.25
+    with pytest.raises(ValueError, match=r"^hardware must be a Hardware \(see batchlab.get_hardware\)$"):
+        bl.CostModel("h100-sxm", bl.get_model("llama-3-8b"))
+    with pytest.raises(ValueError, match=r"^model must be a ModelSpec \(see batchlab.get_model\)$"):
+        bl.CostModel(h100, "llama-3-8b")
+    with pytest.raises(ValueError, match=r"^eta_elementwise must be None or in \(0, 1\], got 2$"):
+        bl.CostModel(h100, bl.get_model("llama-3-8b"), eta_elementwise=2)
