@@ -19,11 +19,13 @@ from .._data import DATA_DIR, read_presets
 from .fit import Calibration, fit
 
 from .readers import MEASURED_ENV, TIMINGS_FILE, measured_dir
-from .serving import SERVING_TERMS, UNITS, ServingFit, fit_serving
+from .serving import FIXED, SERVING_TERMS, UNITS, ServingFit, fit_serving
 
 E2E_ERRORS_FILE = "calibration_e2e_errors.csv"
 E2E_NOTE = ("whole-server fit on every end-to-end calibration run (data/e2e_runs.csv, TTFT, TPOT and E2E) with the "
             "FP8 GEMM set; see batchlab.calibrate.serving and data/calibration_e2e_errors.csv")
+E2E_HELD_NOTE = ("held in the whole-server fit, not fitted: the end-to-end runs do not pin it (the previous fit's "
+                 "value; see batchlab.calibrate.serving.FIXED)")
 
 FIT_NOTES = {  # the fitted_on column of data/calibration.csv
     "eta_compute": "vidur_h100 Llama-2-7B/70B per-layer BF16 GEMMs at TP 1-2, >= 1024 tokens",
@@ -77,14 +79,14 @@ def parameter_table(cal: Calibration) -> pd.DataFrame:
 
 def serving_table(terms: dict) -> pd.DataFrame:
     """The whole-server stage's rows of ``data/calibration.csv``."""
-    return pd.DataFrame([{"name": k, "value": float(f"{terms[k]:.6g}"), "unit": UNITS[k], "fitted_on": E2E_NOTE}
-                         for k in SERVING_TERMS])
+    return pd.DataFrame([{"name": k, "value": float(f"{terms[k]:.6g}"), "unit": UNITS[k],
+                          "fitted_on": E2E_HELD_NOTE if k in FIXED else E2E_NOTE} for k in SERVING_TERMS])
 
 
 def shipped_serving_terms() -> dict:
     """The whole-server stage's terms in ``data/calibration.csv`` (empty if it has not been fitted yet)."""
     values = read_presets("calibration.csv")
-    if not all(k in values and values[k]["fitted_on"] == E2E_NOTE for k in SERVING_TERMS):
+    if not all(k in values and values[k]["fitted_on"] in (E2E_NOTE, E2E_HELD_NOTE) for k in SERVING_TERMS):
         return {}
     return {k: float(values[k]["value"]) for k in SERVING_TERMS}
 
