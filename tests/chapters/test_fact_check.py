@@ -44,7 +44,7 @@ def test_prefill_arithmetic_closed_forms(cost8b, cost70b_fp8):
 
 def test_implied_mfu(cost8b, cost70b_fp8):
     assert chapter.implied_mfu(cost70b_fp8.ideal(), 8000, 0.400) > 1  # impossible on one H100
-    # The shared scene's 116 decoders at 2,048 tokens (scenes.default_decoders): a 400 ms gap is 33 % MFU.
+    # The shared scene's decoders at 2,048 tokens (scenes.default_decoders): a 400 ms gap is 33 % MFU.
     gap = chapter.prefill_gap(cost8b, 8000, 116, 2048)
     assert chapter.implied_mfu(cost8b, 8000, 0.400, 116, 2048) == pytest.approx(
         gap["flops"] / (0.400 * 989.4e12), rel=1e-12)
