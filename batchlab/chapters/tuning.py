@@ -33,6 +33,7 @@ MAP_KINDS = ("tuner's pick", "vLLM default", "refused by vLLM")
 MAP_SHAPES = ("square", "diamond", "cross")
 MAP_WIDTH = 470  # px: fits the book's text column with the axis labels
 MAP_SCHEME = "blues"
+TIE_TOL = 1e-4  # a gain within this of 1: the pick ties the default to rounding (a few parts per million)
 
 
 def slo_label(slo: SLO) -> str:
@@ -201,6 +202,12 @@ def is_default_pick(frame: pd.DataFrame) -> pd.Series:
             & (frame["best_max_num_batched_tokens"] == frame["default_max_num_batched_tokens"]))
 
 
+def is_tie(frame: pd.DataFrame) -> pd.Series:
+    """Whether each row's pick is another pair whose goodput ties the default's to rounding: ``gain`` within
+    :data:`TIE_TOL` of 1 (the two runs all but the same). Used in chapter 12."""
+    return ~is_default_pick(frame) & ((frame["gain"] - 1).abs() < TIE_TOL)
+
+
 def _pick_knob(frame: pd.DataFrame) -> pd.Series:
     """The pick's knobs, ``"1,024 / 8,192 (vLLM default)"`` where the pick is the default."""
     return _knob(frame, "best") + np.where(is_default_pick(frame), " (vLLM default)", "")
@@ -259,21 +266,23 @@ def _map_data(grid: pd.DataFrame, workloads, slos, loads) -> pd.DataFrame:
 
 
 def _map_readout(picks: pd.DataFrame, workloads, slos, loads) -> pd.DataFrame:
-    """Two lines per combination, read above the map: the pick, then the default and the gain (or, where the pick
-    is the default, that it is)."""
+    """Two lines per combination, read above the map: the pick, then the default and the gain (to six decimals
+    where the two tie to rounding, :func:`is_tie`; where the pick is the default, that it is)."""
     rows = picks.assign(workload_i=picks["workload"].map({w: i for i, w in enumerate(workloads)}),
                         slo_i=picks["slo"].map({s: i for i, s in enumerate(slos)}),
                         load_i=picks["load"].map({float(v): i for i, v in enumerate(loads)}))
 
-    def label(r, same):
+    def label(r, same, tie):
         pick = (f"pick: {r.best_max_num_seqs:,} sequences, {r.best_max_num_batched_tokens:,} tokens, goodput "
                 f"{r.best_goodput:.2f} req/s, p99/bound {r.best_slo_load:.2f}")
         if same:
             return f"{pick}\nthe pick is the vLLM default itself (×{r.gain:.2f}); offered {r.rate_req_s:.1f} req/s"
+        gain = f"a tie, pick ×{r.gain:.6f}" if tie else f"pick ×{r.gain:.2f}"
         return (f"{pick}\nvLLM default: {r.default_goodput:.2f} req/s, p99/bound {r.default_slo_load:.2f}; "
-                f"pick ×{r.gain:.2f}; offered {r.rate_req_s:.1f} req/s")
+                f"{gain}; offered {r.rate_req_s:.1f} req/s")
 
-    rows["label"] = [label(r, same) for r, same in zip(rows.itertuples(index=False), is_default_pick(rows))]
+    rows["label"] = [label(r, same, tie) for r, same, tie in
+                     zip(rows.itertuples(index=False), is_default_pick(rows), is_tie(rows))]
     return rows[["workload_i", "slo_i", "load_i", "label"]]
 
 
@@ -294,7 +303,8 @@ def goodput_map_chart(grid: pd.DataFrame, picks: pd.DataFrame, workload_names: d
     Returns
     -------
     altair chart: two lines reading the selection (the tuner's pick, its goodput and p99 / bound, the
-    default's, the gain, the offered rate; where the pick is the default, that it is), over a heatmap with the
+    default's, the gain, to six decimals and called a tie where it is within :data:`TIE_TOL` of 1, the offered
+    rate; where the pick is the default, that it is), over a heatmap with the
     token budget across (tokens, powers of two: a log-2 axis) and the sequence cap down (sequences), each cell
     coloured by its goodput as a share of the largest at that selection and labelled with its goodput (req/s); the
     pick is a black square, vLLM's default a diamond, pairs vLLM refuses a cross, and cells whose p99 latencies

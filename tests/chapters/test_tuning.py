@@ -2,7 +2,8 @@
 workload, SLO and load, the pick's goodput within 1 % of the largest and at least the default's, chosen by the
 smallest p99 / bound among those and, among equal loads, nearest vLLM's default; refused pairs without numbers),
 the picks against the grid, the headroom against simulation, goodput and p99 read as two tests, the example trace
-read back by the loaders, the tables' headers, the pick marked where it is the default, and the goodput map's spec
+read back by the loaders, the tables' headers, the pick marked where it is the default (and read as a tie where its
+gain is within rounding of 1), and the goodput map's spec
 (three radio rows labelled in words and ms, a heatmap on the two knobs in tokens and sequences, the pick, default
 and refused marks, the readout filtered by all three controls)."""
 from __future__ import annotations
@@ -147,6 +148,19 @@ def test_pick_that_is_the_default_is_marked(tuned):
     labels = chapter._map_readout(moved, list(WORKLOADS), SLOS, list(LOADS))["label"]
     assert labels.str.startswith("pick: 64 sequences, 2,048 tokens").all()
     assert labels.str.contains("\nvLLM default: ").all() and not labels.str.contains("itself").any()
+    assert not chapter.is_tie(same).any()  # the default itself is not a tie with another pair
+
+
+def test_pick_that_ties_the_default_to_rounding_reads_as_a_tie(tuned):
+    _, picks = tuned
+    tie = picks.assign(best_max_num_seqs=1024, best_max_num_batched_tokens=16384, gain=1 + 2.4e-6)
+    apart = tie.assign(gain=1 + 2 * chapter.TIE_TOL)
+    assert chapter.is_tie(tie).all() and not chapter.is_tie(apart).any()
+    labels = chapter._map_readout(tie, list(WORKLOADS), SLOS, list(LOADS))["label"]
+    assert labels.str.contains("; a tie, pick ×1.000002; ").all() and not labels.str.contains("itself").any()
+    assert labels.str.count("p99/bound").eq(2).all()  # both runs read: they are not the same pair
+    labels = chapter._map_readout(apart, list(WORKLOADS), SLOS, list(LOADS))["label"]
+    assert labels.str.contains("; pick ×1.00; ").all() and not labels.str.contains("tie").any()
 
 
 def test_goodput_map_chart_spec(tuned):
