@@ -318,16 +318,17 @@ def tune(requests, cost, slo: SLO, *, max_num_seqs=None, max_num_batched_tokens=
        always is one), so the best's goodput is never below the defaults';
     3. the candidates with the most SLO headroom remain: the smallest ``slo_load`` (:meth:`SLO.load`), the
        largest ratio of a bounded latency's percentile (``slo.percentile``, p99 by default) to its bound, e.g.
-       ``max(p99_ttft_ms / 500, p99_tpot_ms / 50)`` (equal loads, to rounding, tie: settings that produce the
-       same run); a setting whose ``slo_load`` is NaN comes last;
+       ``max(p99_ttft_ms / 500, p99_tpot_ms / 50)``, loads within ``goodput_rel_tol`` of the smallest tying
+       too (a load 0.02 % lower is the same run drained a millisecond sooner, not more headroom); a setting whose
+       ``slo_load`` is NaN comes last;
     4. of those, the one nearest vLLM's defaults wins (the smallest sum of ``|log2(knob / default)|``): when the
        traffic cannot tell settings apart, a knob that does not bind is left where vLLM puts it, rather than
        lowered to a cap that the same traffic at a higher rate would hit;
     5. then the smaller ``max_num_seqs``, ``max_num_batched_tokens`` (and ``long_prefill_token_threshold``), in
        that order, so the answer is deterministic.
 
-    With ``goodput_rel_tol=0`` only the largest goodput and the smallest load tie, and the best is a setting with
-    the largest goodput.
+    With ``goodput_rel_tol=0`` only the largest goodput and the smallest load tie (to the last bit), and the best is
+    a setting with the largest goodput.
 
     Parameters
     ----------
@@ -347,7 +348,8 @@ def tune(requests, cost, slo: SLO, *, max_num_seqs=None, max_num_batched_tokens=
     progress : bool, default True
         A tqdm progress bar.
     goodput_rel_tol : float, default 0.01
-        In [0, 1): goodputs this close to the largest, relatively, tie (1 %; 0 = only the largest).
+        In [0, 1): goodputs this close to the largest, relatively, tie (1 %; 0 = only the largest), and so do SLO
+        loads this close to the smallest.
     **fixed_knobs
         Further knobs of :func:`batchlab.simulate` for every configuration (``record_tokens`` is False).
 
@@ -393,7 +395,7 @@ def tune(requests, cost, slo: SLO, *, max_num_seqs=None, max_num_batched_tokens=
     candidates = accepted[goodput >= floor]  # tied with the largest and at least the defaults' (the largest is)
     load = candidates["slo_load"]
     if load.notna().any():  # the most headroom, and loads within the tolerance of it
-        candidates = candidates[load <= load.min() * (1 + 1e-9)]
+        candidates = candidates[load <= load.min() * (1 + tol)]
     distance = sum(np.abs(np.log2(candidates[k].clip(lower=1) / max(v, 1))) for k, v in default.items())
     order = candidates.assign(_distance=distance).sort_values(["_distance", *keys], kind="mergesort")
     best = _point(order.iloc[0])

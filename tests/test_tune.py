@@ -301,7 +301,8 @@ def test_tune_pick_holds_its_rule_on_random_grids(cost8b, seed, rate, tol, seqs,
     assert t.best["request_goodput"] >= dflt and t.gain >= 1  # the acceptance line, always
     assert t.best["request_goodput"] >= (1 - tol) * goodput.max()
     candidates = accepted[(goodput >= (1 - tol) * goodput.max()) & (goodput >= dflt)]
-    assert t.best["slo_load"] == candidates["slo_load"].min() or np.isnan(candidates["slo_load"]).all()
+    loads = candidates["slo_load"]
+    assert t.best["slo_load"] <= loads.min() * (1 + tol) or np.isnan(loads).all()  # loads within tol tie too
     if tol == 0:
         assert t.best["request_goodput"] == goodput.max()
     assert t.best["slo_load"] == slo.load(_row(t, t.best["max_num_seqs"], t.best["max_num_batched_tokens"]))
