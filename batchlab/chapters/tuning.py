@@ -3,8 +3,8 @@
 :func:`tuning_grid` runs :func:`batchlab.tune` for every workload, SLO and load of the chapter and keeps, per
 combination, the whole knob grid (:data:`GRID_COLUMNS`) and one line for the tuner's pick and vLLM's default
 (:data:`PICK_COLUMNS`); the pick is :func:`batchlab.tune`'s: of the goodputs within 1 % of the largest (and at
-least the default's), those with the most SLO headroom, the smallest ``slo_load`` (largest p99 / bound), and of
-those (equal loads, to rounding: the same run) the one nearest vLLM's default, the smallest sum of
+least the default's), those with the most SLO headroom, the smallest ``slo_load`` (largest p99 / bound; loads
+within 1 % of the smallest tie too), and of those the one nearest vLLM's default, the smallest sum of
 ``|log2(knob / default)|``, so a knob the traffic never presses stays where vLLM puts it.
 :func:`headroom` adds the largest rate each of the two sustains under the SLO (:func:`batchlab.max_rate`).
 :func:`goodput_map_chart` draws the goodput map over the knob grid, the pick and the default marked, behind

@@ -1,11 +1,11 @@
 """Chapter 12 (tuning for your traffic): the tuning grid's layout and invariants (one pick and one default per
-workload, SLO and load, the pick's goodput within 1 % of the largest and at least the default's, chosen by the
-smallest p99 / bound among those and, among equal loads, nearest vLLM's default; refused pairs without numbers),
-the picks against the grid, the headroom against simulation, goodput and p99 read as two tests, the example trace
-read back by the loaders, the tables' headers, the pick marked where it is the default (and read as a tie where its
-gain is within rounding of 1), and the goodput map's spec
-(three radio rows labelled in words and ms, a heatmap on the two knobs in tokens and sequences, the pick, default
-and refused marks, the readout filtered by all three controls)."""
+workload, SLO and load, the pick's goodput within 1 % of the largest and at least the default's, its p99 / bound
+within 1 % of the smallest among those, and of those full ties the one nearest vLLM's default, then the smaller
+cap; refused pairs without numbers), the picks against the grid, the headroom against simulation, goodput and
+p99 read as two tests, the example trace read back by the loaders, the tables' headers, the pick marked where it
+is the default (and read as a tie where its gain is within rounding of 1), and the goodput map's spec (three
+radio rows labelled in words and ms, a heatmap on the two knobs in tokens and sequences, the pick, default and
+refused marks, the readout filtered by all three controls)."""
 from __future__ import annotations
 
 import numpy as np
@@ -45,8 +45,9 @@ def test_tuning_grid_layout_and_invariants(tuned):
         assert best["request_goodput"] >= max(0.99 * top, dflt) and best["share_of_top"] >= 0.99
         candidates = g[~g["vllm_refuses"] & (g["request_goodput"] >= max(0.99 * top, dflt))]
         least = candidates["slo_load"].min()
-        assert best["slo_load"] == pytest.approx(least, rel=1e-9)  # the most headroom among the ties
-        full_ties = candidates[candidates["slo_load"] <= least * (1 + 1e-9)]  # equal loads: the same run
+        assert least <= best["slo_load"] <= least * 1.01  # the most headroom among the ties, to within 1 %
+        full_ties = candidates[candidates["slo_load"] <= least * 1.01]  # loads within 1 %: full ties
+        assert best.name in full_ties.index
         distance = (np.abs(np.log2(full_ties["max_num_seqs"] / 1024))
                     + np.abs(np.log2(full_ties["max_num_batched_tokens"] / 8192)))
         best_distance = abs(np.log2(best["max_num_seqs"] / 1024)) + abs(np.log2(best["max_num_batched_tokens"] / 8192))
