@@ -341,3 +341,41 @@ def test_cost_model_stores_python_numbers(h100):
         bl.CostModel(h100, "llama-3-8b")
     with pytest.raises(ValueError, match=r"^eta_elementwise must be None or in \(0, 1\], got 2$"):
         bl.CostModel(h100, bl.get_model("llama-3-8b"), eta_elementwise=2)
+
+
+def test_a_step_that_samples_nothing_pays_no_lm_head(ideal8b):
+    """A middle chunk (no row samples): no LM head time, FLOPs or bytes."""
+    m = ideal8b.model
+    b = ideal8b.step_breakdown(prefill_chunks=[(100, 0)], sampled_chunks=0)
+    assert b.lm_head_s == 0.0
+    assert b.flops == pytest.approx(2 * m.body_params * 100 + 2 * m.layers * m.heads * m.head_dim * 100 * 100,
+                                    rel=1e-12)
+    assert b.hbm_bytes == pytest.approx(2 * m.body_params + ideal8b.kv_bytes_per_token * 100, rel=1e-12)
+    assert b.total_s == pytest.approx(b.gemm_s + b.attn_s, rel=1e-12)
+
+
+def test_tensor_parallel_step_adds_its_all_reduces(h100):
+    c = bl.CostModel(h100, bl.get_model("llama-3-8b"), tp=2).ideal().replace(allreduce_latency_s=3e-6)
+    b = c.step_breakdown(decode_contexts=[1000] * 8)
+    assert b.comm_s > 0
+    assert b.total_s == pytest.approx(b.gemm_s + b.attn_s + b.lm_head_s + b.comm_s, rel=1e-12)
+
+
+def test_bound_counts_the_elementwise_traffic(cost8b):
+    """On the calibrated model the activations' traffic is on the memory side of the bound: the flip from memory
+    to compute comes where GEMM and attention math pass weights, KV and activations over HBM, by hand."""
+    c = cost8b
+    m, F, BW = c.model, 989.4e12, 3.35e12
+    d, k, a = m.heads * m.head_dim, c.kv_bytes_per_token, c.elementwise_bytes_per_token
+
+    def compute_bound(T):
+        math_s = 2 * m.body_params * T / (c.eta_compute * F) + 2 * m.layers * d * T * T / (c.eta_attn * F)
+        return math_s > (2 * m.body_params + k * T) / (c.eta_memory * BW) + a * T / (c.eta_elementwise * BW)
+
+    flip = next(T for T in range(1, 5000) if compute_bound(T))
+    without = next(T for T in range(1, 5000)
+                   if 2 * m.body_params * T / (c.eta_compute * F) + 2 * m.layers * d * T * T / (c.eta_attn * F)
+                   > (2 * m.body_params + k * T) / (c.eta_memory * BW))
+    assert flip > without  # the activations move the flip
+    assert c.step_breakdown(prefill_chunks=[(flip - 1, 0)], sampled_chunks=0).bound == "memory"
+    assert c.step_breakdown(prefill_chunks=[(flip, 0)], sampled_chunks=0).bound == "compute"

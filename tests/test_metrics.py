@@ -175,6 +175,7 @@ def test_goodput_by_hand_counts_slos_in_seconds():
     assert metrics.goodput(frame, ttft_s=0.3) == 1.0
     assert metrics.goodput(frame, tpot_s=0.05) == 1.0
     assert metrics.goodput(frame, ttft_s=0.3, tpot_s=0.03) == 0.5
+    assert metrics.goodput(frame, ttft_s=0.3, tpot_s=0.06) == 1.0  # each SLO narrows the set; none widens it
     assert metrics.goodput(frame, e2el_s=1.0) == 1.5  # <= counts as met
     assert metrics.goodput(frame, ttft_s=0.5, tpot_s=0.06, e2el_s=1.0) == 1.5
     with pytest.raises(ValueError, match="ttft_s SLO must be > 0 seconds"):
