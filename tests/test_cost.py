@@ -379,3 +379,10 @@ def test_bound_counts_the_elementwise_traffic(cost8b):
     assert flip > without  # the activations move the flip
     assert c.step_breakdown(prefill_chunks=[(flip - 1, 0)], sampled_chunks=0).bound == "memory"
     assert c.step_breakdown(prefill_chunks=[(flip, 0)], sampled_chunks=0).bound == "compute"
+
+
+def test_step_breakdown_defaults_to_async_and_decode_step_time_to_a_float(cost8b):
+    c = cost8b.replace(cpu_step_s=1e-3, cpu_hidden_fraction=0.5)
+    ctx = [500] * 10
+    assert c.step_breakdown(decode_contexts=ctx).total_s == c.step_time(decode_contexts=ctx, asynchronous=True)
+    assert type(c.decode_step_time(10, 500)) is float
