@@ -39,7 +39,7 @@ test: lint unit nbval browser
 
 # make mutate: mutation testing with mutmut (not in CI: slow), in a scratch copy (_build/mutate), kernels as plain
 # Python (NUMBA_DISABLE_JIT=1, @njit removed from the mutated kernel files). Default scope: the metrics, the cost
-# model and the kernel's cost formula against a fast hand-worked test subset (about 20 minutes on 2 cores);
+# model and the kernel's cost formula against a fast hand-worked test subset (20-40 minutes on 2 cores);
 # MUTATE_PATHS=batchlab mutates the whole package (hours). Scores and survivors: tests/MUTANTS.md.
 MUTATE_PATHS ?= batchlab/metrics.py batchlab/cost.py batchlab/_kernels/cost.py
 mutate: $(VENV)/.installed
