@@ -57,44 +57,23 @@ class _Parser(argparse.ArgumentParser):
 
 # -- argument types (argparse turns ArgumentTypeError into a usage error) ---------------------------------------
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
-    return value
+def _number(parse, ok, expected: str):
+    """An argparse type: ``parse(text)`` (int or float) that must satisfy ``ok``; else "expected <expected>"."""
+    def convert(text: str):
+        try:
+            value = parse(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        return value
+    return convert
 
 
-def _nonnegative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
-    return value
-
-
-def _rate(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected requests/s > 0 or inf, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected requests/s > 0 or inf, got {text!r}")
-    return value
-
-
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1], got {text!r}") from None
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1], got {text!r}")
-    return value
+_positive_int = _number(int, lambda v: v >= 1, "a whole number >= 1")
+_nonnegative_int = _number(int, lambda v: v >= 0, "a whole number >= 0")
+_rate = _number(float, lambda v: v > 0, "requests/s > 0 or inf")
+_fraction = _number(float, lambda v: 0 < v <= 1, "a fraction in (0, 1]")
 
 
 def _int_grid(text: str) -> list[int]:
