@@ -152,3 +152,21 @@ def _datetimes_as_seconds(values) -> np.ndarray:
             raise ValueError("arrival_s holds NaT (a missing timedelta)")
         return a.astype("timedelta64[ns]").astype(np.int64) / 1e9
     return a
+
+
+class CheckedTuple:
+    """Mixin for a ``NamedTuple`` subclass that validates itself: on construction, and on ``_replace`` (which
+    goes through ``_make``). The subclass defines ``check()``, raising ``ValueError`` and returning ``self``.
+    Used by :class:`batchlab.Hardware` and :class:`batchlab.ModelSpec`."""
+
+    __slots__ = ()
+
+    def __new__(cls, *args, **kwargs):
+        self = super().__new__(cls, *args, **kwargs)
+        self.check()
+        return self
+
+    @classmethod
+    def _make(cls, iterable):
+        return cls(*iterable)  # so _replace validates too
+

@@ -5,7 +5,7 @@ from functools import cache
 from typing import NamedTuple
 
 from ._data import read_presets
-from ._validate import flag, real
+from ._validate import CheckedTuple, flag, real
 
 DTYPES = ("bf16", "fp8")
 GiB = 1024**3  # bytes
@@ -31,7 +31,7 @@ _POSITIVE_FIELDS = ("flops_bf16", "flops_fp8", "hbm_bytes_per_s", "hbm_bytes", "
                     "interconnect_latency_s", "network_bytes_per_s", "network_latency_s")
 
 
-class Hardware(_HardwareFields):
+class Hardware(CheckedTuple, _HardwareFields):
     """One GPU. Figures are dense (no sparsity) datasheet peaks; see ``data/README.md``.
 
     Validated on construction (and by ``_replace``): every rate and size a finite number > 0 (FLOP/s, bytes/s,
@@ -39,15 +39,6 @@ class Hardware(_HardwareFields):
     """
 
     __slots__ = ()
-
-    def __new__(cls, *args, **kwargs):
-        self = super().__new__(cls, *args, **kwargs)
-        self.check()
-        return self
-
-    @classmethod
-    def _make(cls, iterable):
-        return cls(*iterable)  # so _replace validates too
 
     def check(self) -> Hardware:
         """Raise ``ValueError`` naming the first bad field; return ``self``."""

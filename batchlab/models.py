@@ -5,7 +5,7 @@ from functools import cache
 from typing import NamedTuple
 
 from ._data import read_presets
-from ._validate import integer
+from ._validate import CheckedTuple, integer
 
 BYTES_PER_ELEMENT = {"bf16": 2, "fp8": 1}
 
@@ -39,7 +39,7 @@ _FIELD_RANGES = {  # field -> (least, most); params, d_ff and vocab may be 0 for
 }
 
 
-class ModelSpec(_ModelFields):
+class ModelSpec(CheckedTuple, _ModelFields):
     """A decoder-only transformer with grouped-query attention.
 
     Validated on construction (and by ``_replace``): whole numbers in range (``layers``, ``d_model``, ``heads``,
@@ -49,15 +49,6 @@ class ModelSpec(_ModelFields):
     """
 
     __slots__ = ()
-
-    def __new__(cls, *args, **kwargs):
-        self = super().__new__(cls, *args, **kwargs)
-        self.check()
-        return self
-
-    @classmethod
-    def _make(cls, iterable):
-        return cls(*iterable)  # so _replace validates too
 
     def check(self) -> ModelSpec:
         """Raise ``ValueError`` naming the first bad field; return ``self``."""
