@@ -8,22 +8,12 @@ Run: ``python benchmarks/bench_fleet.py``.
 """
 from __future__ import annotations
 
-import time
-
 import batchlab as bl
 from batchlab.datasets import replay
+from bench_simulate import best_of  # the benchmarks' one timer: best of a few runs
 
 BOUND_S = 5.0
 N_REPLICAS = 8
-
-
-def best_of(fn, runs=3):
-    best, out = float("inf"), None
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        out = fn()
-        best = min(best, time.perf_counter() - t0)
-    return best, out
 
 
 def main():
