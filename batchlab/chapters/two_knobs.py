@@ -135,13 +135,19 @@ def vllm_defaults_table(gpus=("h100-sxm", "h200", "a100-80gb")) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def ttft_axis(df: pd.DataFrame, defaults: dict, capacity: float) -> list[float]:
-    """The p99 TTFT axis (ms) of :func:`two_knobs_chart`: :func:`carrying_domain` of the frontier's runs and the
-    default pair's below ``capacity`` (req/s), the points a reader compares. Used in chapter 08."""
+def compared_ttft(df: pd.DataFrame, defaults: dict, capacity: float) -> pd.Series:
+    """p99 TTFT (ms) of the runs a reader compares: the frontier's and the default pair's below ``capacity``
+    (req/s). Used in chapter 08."""
     under = df[df["rate_req_s"] < capacity]
     at_default = ((under["max_num_seqs"] == defaults["max_num_seqs"])
                   & (under["max_num_batched_tokens"] == defaults["max_num_batched_tokens"]))
-    return carrying_domain(under.loc[under["frontier"] | at_default, "p99_ttft_ms"])
+    return under.loc[under["frontier"] | at_default, "p99_ttft_ms"]
+
+
+def ttft_axis(df: pd.DataFrame, defaults: dict, capacity: float) -> list[float]:
+    """The p99 TTFT axis (ms) of :func:`two_knobs_chart`: :func:`carrying_domain` of :func:`compared_ttft`.
+    Used in chapter 08."""
+    return carrying_domain(compared_ttft(df, defaults, capacity))
 
 
 def carrying_domain(values, pad: float = 1.5) -> list[float]:
