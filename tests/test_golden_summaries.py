@@ -34,6 +34,7 @@ from pathlib import Path
 import pytest
 
 import batchlab as bl
+from pinned import PINNED_CALIBRATION
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "summaries.json"
 N_REQUESTS = 500
@@ -63,11 +64,7 @@ def first_pool(cost) -> int:
     return int((0.9 * cost.hardware.hbm_bytes - cost.weight_bytes) // (16 * cost.kv_bytes_per_token))
 
 
-# The calibration the file was written with (data/calibration.csv before the InferenceX re-fit of f1f6c84).
-PINNED = {"eta_compute": 0.706185, "eta_memory": 0.930345, "eta_attn": 0.719926, "eta_elementwise": 0.597687,
-          "overhead_s": 0.00167011, "request_latency_s": 0.00515423, "frontend_s_per_token": 4.71934e-07,
-          "cpu_step_s": 8.03603e-06, "cpu_seq_s": 2.7323e-05, "cpu_hidden_fraction": 0.426159,
-          "allreduce_latency_s": 2.85672e-05}
+PINNED = PINNED_CALIBRATION  # the calibration the file was written with
 
 
 def _summaries() -> dict:

@@ -14,6 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import batchlab as bl
+from pinned import PINNED_CALIBRATION
 from batchlab.tune import RateResult, arrival_rate, at_rate
 
 GRID = {"max_num_seqs": [4, 16, 64], "max_num_batched_tokens": [256, 2048]}
@@ -247,8 +248,8 @@ def _row(t, seqs, tokens):
 
 
 # The serving terms this case was constructed with (a re-fit of data/calibration.csv must not undo it).
-STEADY_TERMS = {"request_latency_s": 0.00515423, "frontend_s_per_token": 4.71934e-07, "cpu_step_s": 8.03603e-06,
-                "cpu_seq_s": 2.7323e-05, "cpu_hidden_fraction": 0.426159}
+STEADY_TERMS = {k: PINNED_CALIBRATION[k] for k in ("request_latency_s", "frontend_s_per_token", "cpu_step_s",
+                                                  "cpu_seq_s", "cpu_hidden_fraction")}
 
 
 def test_tune_takes_the_tied_setting_with_the_most_slo_headroom(cost8b):
