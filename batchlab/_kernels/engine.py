@@ -54,7 +54,7 @@ def new_engine(n, caching, max_num_seqs, usable_blocks, max_blocks, max_concurre
     clock = np.zeros(N_CLOCK)
     clock[CLOCK_PREV_END] = np.nan
     run = np.zeros((rows, RUN_COLUMNS), np.int64)
-    run_t = np.full(rows, np.nan)  # when each row's last token came
+    run_t = np.full(rows, np.nan)  # when each row's last token came, if before the step just before
     gap_t = np.empty(rows)
     gap_req = np.empty(rows, np.int64)
     events = np.empty(rows, np.int64)

@@ -62,18 +62,19 @@ def _token_offsets(req, tok_off):
 
 
 @njit(cache=True, _nrt=False)
-def _token_times(steps, req, tok_off, tok_step, tok_times):
-    """The iteration loops record each token's step index (int32, half the bytes of a time, so the scattered
-    writes of the loop touch half the cache lines); here each becomes the end of its step. A request's tokens
-    past the ones it emitted (rejected after a preemption) stay NaN."""
-    for r in range(req.shape[0]):
+def _token_times(ends, req, tok_off, tok_step, tok_times):
+    """The iteration loops record each token's step index (int32, in the first half of the bytes of
+    ``tok_times``: the scattered writes of the loop touch half the cache lines, and the record needs no memory
+    of its own); here each becomes the end of its step (``ends``), in place, from the last token back: the time
+    of token ``i`` overwrites the indices of tokens ``2i`` and ``2i + 1``, read before. A request's tokens past
+    the ones it emitted (rejected after a preemption) are NaN."""
+    for r in range(req.shape[0] - 1, -1, -1):
         lo, hi = tok_off[r], tok_off[r + 1]
         done = lo + min(req[r, REQ_EMITTED], hi - lo)
-        for i in range(lo, done):
-            k = tok_step[i]
-            tok_times[i] = steps[k, STEP_START] + steps[k, STEP_DURATION]
-        for i in range(done, hi):
+        for i in range(hi - 1, done - 1, -1):
             tok_times[i] = np.nan
+        for i in range(done - 1, lo - 1, -1):
+            tok_times[i] = ends[tok_step[i]]
 
 
 @njit(cache=True)
@@ -109,14 +110,14 @@ def simulate_kernel(arrival, prompt, output, policy, coef, batch_size, max_queue
         steps, sched = run_batched(seen, prompt, output, live, tok_off, req, times, coef, batch_size, delay,
                                    usable_blocks, block_size, record, tok_times, record_tokens, itl, totals)
     else:
-        tok_step = np.empty(n_tokens, np.int32)
+        tok_times = np.empty(n_tokens)
+        tok_step = tok_times.view(np.int32)[:n_tokens]
         status, steps, sched = run_iterations(live, req, times, tok_step, coef, policy == POLICY_CHUNKED,
                                               rules, max_num_seqs, budget, threshold, prefill_only_steps,
                                               usable_blocks, block_size, record, max_concurrency, prefix_ids,
                                               prefix_tokens, record_tokens, itl, totals)
-        tok_times = np.empty(n_tokens)
         if n_tokens > 0:
-            _token_times(steps, req, tok_off, tok_step, tok_times)
+            _token_times(steps[:, STEP_START] + steps[:, STEP_DURATION], req, tok_off, tok_step, tok_times)
     for r in range(n):
         if times[r, TIME_SENT] != times[r, TIME_SENT]:  # rejected before the loop: never waited for a client slot
             times[r, TIME_SENT] = arrival[r]

@@ -319,8 +319,10 @@ def _run_scheduled(run, run_t, lo, hi, step_index, prev_end, tok_step, gap_t, ga
     (``RUN_LAST``; with a token record, also in ``tok_step``); rows whose first or last token it is go to
     ``events``, stamped once the step is timed. The gap an emission closes is counted in ``n_next`` if the row's
     last token came in the step just before (which ended at ``prev_end``), else the time of that token goes to
-    ``gap_t`` (with the request in ``gap_req`` if it may yet be rejected, else -1). ``run_t`` holds when each
-    row's last token came; a row that emitted in the step before learns it here (:func:`_settle_last`).
+    ``gap_t`` (with the request in ``gap_req`` if it may yet be rejected, else -1). ``run_t[k]`` is when row
+    ``k``'s last token came, read only when that token came before the step just before (``RUN_LAST`` <
+    ``step_index - 1``; otherwise it is ``prev_end``): a row that emits in consecutive steps never writes it, and
+    one that emitted in the step before but emits nothing now writes it here (or in :func:`_settle_last`).
     Returns (prefill tokens, decode sequences, attention work, cached tokens, rows that sampled a token, first
     row that finished or -1, n_next, entries in ``gap_t``, entries in ``events``).
     """
@@ -336,10 +338,10 @@ def _run_scheduled(run, run_t, lo, hi, step_index, prev_end, tok_step, gap_t, ga
     record_tokens = tok_step.shape[0] > 0
     for k in range(lo, hi):
         last = run[k, RUN_LAST]
-        if last == step_index - 1:
-            run_t[k] = prev_end
         c = run[k, RUN_TOK]
         if c == 0:
+            if last == step_index - 1:
+                run_t[k] = prev_end
             continue
         p = run[k, RUN_COMP]
         known = run[k, RUN_PROMPT] + run[k, RUN_EMIT]
@@ -362,7 +364,7 @@ def _run_scheduled(run, run_t, lo, hi, step_index, prev_end, tok_step, gap_t, ga
                 if last == step_index - 1 and run[k, RUN_RISK] == 0:
                     n_next += 1
                 else:
-                    gap_t[n_gaps] = run_t[k]
+                    gap_t[n_gaps] = prev_end if last == step_index - 1 else run_t[k]
                     gap_req[n_gaps] = run[k, RUN_REQ] if run[k, RUN_RISK] else -1
                     n_gaps += 1
             run[k, RUN_LAST] = step_index
@@ -372,6 +374,8 @@ def _run_scheduled(run, run_t, lo, hi, step_index, prev_end, tok_step, gap_t, ga
                 n_events += 1
                 if emitted == run[k, RUN_OUT] and first_done < 0:
                     first_done = k
+        elif last == step_index - 1:  # no token now: the row keeps the time of the one before
+            run_t[k] = prev_end
     return prefill_tokens, decode_seqs, attn_work, cached, sampled, first_done, n_next, n_gaps, n_events
 
 
