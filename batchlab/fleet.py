@@ -302,5 +302,6 @@ def simulate_disaggregated(requests, cost, n_prefill: int = 1, n_decode: int = 1
     """
     n_p = _validate.integer("n_prefill", n_prefill, 1, 1024)
     n_d = _validate.integer("n_decode", n_decode, 1, 1024)
+    link = _validate.choice("link", link, LINKS)
     return _run(requests, cost, n_p + n_d, n_p, router, link, knobs, block_size, gpu_memory_utilization,
                 num_kv_blocks, record_tokens, record_schedule)

@@ -14,8 +14,11 @@ emitted a token in each iteration (:func:`tokens_per_step`).
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
+from . import _validate
 from ._kernels import ITL_RELATIVE_ERROR  # noqa: F401 - the bound summary() promises on ITL percentiles
 
 
@@ -137,15 +140,27 @@ def summary(requests, itl_ms: dict[str, float], busy_s: float) -> dict[str, floa
 
 
 def goodput(requests, ttft_s: float | None = None, tpot_s: float | None = None, e2el_s: float | None = None) -> float:
-    """Requests per second that completed within every given SLO (seconds), as ``vllm bench serve --goodput``."""
+    """Requests per second that completed within every given SLO (seconds), as ``vllm bench serve --goodput``.
+
+    ``requests`` is a per-request table (``SimResult.requests``, or a mapping of its columns; a result is read
+    through it). Each SLO given must be a number of seconds > 0 (infinity: no limit on that measure)."""
     if ttft_s is None and tpot_s is None and e2el_s is None:
         raise ValueError("goodput needs at least one SLO: ttft_s, tpot_s or e2el_s")
+    inner = getattr(requests, "requests", None)
+    if hasattr(inner, "columns"):  # a SimResult or FleetResult
+        requests = inner
+    needed = ["rejected", "arrival_s", "finish_s"] + [c for c, s in (("ttft_s", ttft_s), ("tpot_s", tpot_s),
+                                                                     ("e2el_s", e2el_s)) if s is not None]
+    missing = [c for c in needed if not hasattr(requests, "__getitem__") or c not in requests]
+    if missing:
+        raise ValueError(f"requests must be a per-request table (SimResult.requests) with columns {needed}; "
+                         f"missing {missing}")
     done = ~np.asarray(requests["rejected"])
     ok = done.copy()
     for col, slo in (("ttft_s", ttft_s), ("tpot_s", tpot_s), ("e2el_s", e2el_s)):
         if slo is not None:
-            if not slo > 0:
-                raise ValueError(f"{col} SLO must be > 0 seconds, got {slo!r}")
+            slo = _validate.real(f"{col} SLO", slo, 0.0, math.inf, low_open=True, allow_inf=True,
+                                 allowed="> 0 seconds")
             v = np.asarray(requests[col])
             ok &= ~(v > slo)  # NaN tpot (one-token output) meets any tpot SLO
     if not done.any():

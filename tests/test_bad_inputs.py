@@ -20,7 +20,9 @@ import batchlab as bl
 @pytest.fixture(scope="module")
 def ctx(h100):
     m = bl.get_model("llama-3-8b")
-    return SimpleNamespace(h=h100, m=m, cost=bl.CostModel(h100, m), reqs=bl.Requests([0.0, 0.1], [10, 20], [5, 5]))
+    cost = bl.CostModel(h100, m)
+    reqs = bl.Requests([0.0, 0.1], [10, 20], [5, 5])
+    return SimpleNamespace(h=h100, m=m, cost=cost, reqs=reqs, run=bl.simulate(reqs, "chunked", cost))
 
 
 def req(arrival=(0.0, 1.0), prompt=(10, 20), output=(3, 3)):
@@ -147,6 +149,38 @@ BAD = {
     "prefill_time('8000')": (lambda c: c.cost.prefill_time("8000"), "tokens must be an integer from 1 to"),
     "prefill_time(2**63)": (lambda c: c.cost.prefill_time(2**63), "tokens must be an integer from 1 to"),
     "kv_pool_blocks(max_num_seqs=-1)": (lambda c: c.cost.kv_pool_blocks(max_num_seqs=-1), "max_num_seqs must be"),
+    # 9. fleets, disaggregated serving and goodput (added after the list, as the API grew)
+    "fleet n_replicas 0": (lambda c: bl.simulate_fleet(c.reqs, c.cost, 0),
+                           r"^n_replicas must be an integer from 1 to 1024, got 0$"),
+    "fleet n_replicas True": (lambda c: bl.simulate_fleet(c.reqs, c.cost, True), r"^n_replicas must be .*got True$"),
+    "fleet n_replicas '2'": (lambda c: bl.simulate_fleet(c.reqs, c.cost, "2"), r"^n_replicas must be .*got '2'$"),
+    "fleet n_replicas 2**63": (lambda c: bl.simulate_fleet(c.reqs, c.cost, 2**63), r"^n_replicas must be .* 1024"),
+    "fleet router": (lambda c: bl.simulate_fleet(c.reqs, c.cost, 2, router="random"),
+                     r"^router must be one of \['round_robin', 'least_outstanding', 'prefix_aware'\], got 'random'$"),
+    "fleet misspelt knob": (lambda c: bl.simulate_fleet(c.reqs, c.cost, 2, max_num_seq=4),
+                            r"^unknown knob 'max_num_seq' for a fleet of chunked engines; allowed: "),
+    "fleet policy knob": (lambda c: bl.simulate_fleet(c.reqs, c.cost, 2, policy="static"), r"^unknown knob 'policy'"),
+    "fleet record_tokens 'no'": (lambda c: bl.simulate_fleet(c.reqs, c.cost, 2, record_tokens="no"),
+                                 r"^record_tokens must be True or False, got 'no'$"),
+    "fleet max_num_seqs 0": (lambda c: bl.simulate_fleet(c.reqs, c.cost, 2, max_num_seqs=0),
+                             r"^max_num_seqs must be an integer from 1 to"),
+    "fleet requests list": (lambda c: bl.simulate_fleet([1, 2], c.cost, 2), r"^requests must be a batchlab.Requests"),
+    "disaggregated n_prefill 0": (lambda c: bl.simulate_disaggregated(c.reqs, c.cost, 0, 1),
+                                  r"^n_prefill must be an integer from 1 to 1024, got 0$"),
+    "disaggregated n_decode '1'": (lambda c: bl.simulate_disaggregated(c.reqs, c.cost, 1, "1"),
+                                   r"^n_decode must be an integer from 1 to 1024, got '1'$"),
+    "disaggregated link None": (lambda c: bl.simulate_disaggregated(c.reqs, c.cost, 1, 1, link=None),
+                                r"^link must be one of \['nvlink', 'network'\], got None$"),
+    "disaggregated link typo": (lambda c: bl.simulate_disaggregated(c.reqs, c.cost, 1, 1, link="nvlnk"),
+                                r"^link must be one of .*got 'nvlnk'$"),
+    "goodput SLO string": (lambda c: bl.metrics.goodput(c.run.requests, ttft_s="0.5"),
+                           r"^ttft_s SLO must be > 0 seconds, got '0.5'$"),
+    "goodput SLO True": (lambda c: bl.metrics.goodput(c.run.requests, tpot_s=True),
+                         r"^tpot_s SLO must be > 0 seconds, got True$"),
+    "goodput SLO nan": (lambda c: bl.metrics.goodput(c.run.requests, e2el_s=math.nan),
+                        r"^e2el_s SLO must be > 0 seconds, got nan$"),
+    "goodput of a dict": (lambda c: bl.metrics.goodput({}, ttft_s=0.5),
+                          r"^requests must be a per-request table \(SimResult.requests\).*missing \['rejected'"),
 }
 
 
@@ -207,10 +241,21 @@ def test_datetime_arrivals_give_the_same_run_as_seconds(engine8b):
     lambda c: c.h._replace(hbm_bytes_per_s=np.float32(3e12)),
     lambda c: c.m._replace(layers=np.int64(16)),
     lambda c: bl.sweep(c.reqs, {"max_num_seqs": np.array([4, 8])}, c.cost, progress=False, block_size=np.int64(16)),
+    lambda c: bl.simulate_fleet(c.reqs, c.cost, np.int64(2), max_num_seqs=np.int32(4)),
+    lambda c: bl.simulate_disaggregated(c.reqs, c.cost, np.int8(1), np.uint16(2)),
+    lambda c: bl.metrics.goodput(c.run.requests, ttft_s=np.float32(0.5), e2el_s=np.int64(2)),
 ], ids=["int knobs", "dynamic knobs", "flag and float knobs", "cost fields", "scale_time", "head", "synthetic",
-        "uniform", "preset", "multi_turn", "hardware field", "model field", "sweep"])
+        "uniform", "preset", "multi_turn", "hardware field", "model field", "sweep", "fleet", "disaggregated",
+        "goodput"])
 def test_numpy_scalars_are_accepted_where_python_numbers_are(ctx, call):
     assert call(ctx) is not None
+
+
+def test_goodput_reads_a_result_as_its_table_and_an_infinite_slo_as_no_limit(ctx):
+    table = ctx.run.requests
+    assert bl.metrics.goodput(ctx.run, ttft_s=0.5) == bl.metrics.goodput(table, ttft_s=0.5)
+    every_completed = (~table["rejected"]).sum() / (table["finish_s"].max() - table["arrival_s"].min())
+    assert bl.metrics.goodput(table, ttft_s=math.inf) == pytest.approx(every_completed, rel=1e-12)
 
 
 def test_numpy_efficiency_gives_the_same_model_as_a_float(ctx):
