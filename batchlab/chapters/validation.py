@@ -492,6 +492,41 @@ def comparison_style(compare: pd.DataFrame):
                                        "ratio": ("predicted / published", "{:.2f}".format)})
 
 
+def kernel_headline(err: pd.DataFrame, after, cases: pd.DataFrame) -> tuple[dict, pd.Series]:
+    """The numbers the per-kernel part of the chapter quotes, by glue name, and each set's median error on its
+    held-out split (after the fit).
+
+    ``err``: the per-set error table of :func:`validation_frames`; ``after``: the calibrated cost model; ``cases``:
+    every measured case with its prediction before and after.
+    """
+    own = calibrate.shipped_own_kernels()
+    held = cases[(cases["stage"] == "after") & (cases["group"] == "held out")].groupby("set")["rel_err"].median()
+    forward = llmservingsim_forward(after)
+    longest = forward.iloc[-1]
+    elementwise_share = forward["measured_elementwise_s"] / forward["measured_s"]
+    diag = calibrate.DIAGNOSTIC_SETS
+    numbers = {
+        "fp8_diag": err.loc[diag["gemm_kernels_fp8"], "median_rel_err_after"],
+        "eta_c_fp8": own.eta_compute_fp8, "eta_m_fp8": own.eta_memory_fp8,
+        "eta_c_bf16": after.eta_compute, "eta_m_bf16": after.eta_memory,
+        "attn_diag": err.loc[diag["llmservingsim_attn"], "median_rel_err_after"],
+        "eager_eta_attn": own.eager_eta_attn, "eta_attn": after.eta_attn,
+        "eager_attn_floor_us": calibrate.shipped_floors().eager_attn_s * 1e6,
+        "attn_held": held["llmservingsim_attn"],
+        "attn_held_short_fit": eager_holdout_error(after, max_tokens=1024)["llmservingsim_attn"],
+        "eager_fit_max": calibrate.EAGER_FIT_MAX_TOKENS,
+        "elem_diag": err.loc[diag["llmservingsim_elementwise"], "median_rel_err_after"],
+        "eager_eta_elem": own.eager_eta_elementwise, "eta_elem": after.eta_elementwise,
+        "elem_held": held["llmservingsim_elementwise"],
+        "step_without": (forward["predicted_without_elementwise_s"] / forward["measured_s"] - 1).abs().median(),
+        "elem_share_lo": elementwise_share.min(), "elem_share_hi": elementwise_share.max(),
+        "elem_pred_share": longest["predicted_elementwise_s"] / longest["predicted_s"],
+        "elem_slowdown": longest["measured_elementwise_s"] / longest["predicted_elementwise_s"],
+        "longest_tokens": int(longest["tokens"]),
+    }
+    return {name: float(value) for name, value in numbers.items()}, held
+
+
 def e2e_headline(e2e: pd.DataFrame, errors: pd.DataFrame) -> dict:
     """The numbers chapter 10's end-to-end prose quotes, by glue name: run counts, median, worst and signed
     errors per metric over all usable runs, TTFT per set and per closed-loop model (``e2e_ttft_<model>``: the

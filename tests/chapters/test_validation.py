@@ -250,3 +250,17 @@ def test_runs_table_reads_an_infinite_rate_as_all_at_once():
     assert table["rate (req/s)"].tolist() == ["all at once", "2"]
     assert table.columns.tolist() == ["lengths", "rate (req/s)", "throughput (req/s)", "mean TTFT (ms)",
                                       "mean TPOT (ms)", "preemptions"]
+
+
+def test_kernel_headline_is_what_the_page_glues(frames, costs):
+    cases, errors = frames
+    err = errors.set_index("set")
+    numbers, held = chapter.kernel_headline(err, costs[1], cases)
+    text = (DATA_DIR.parent / "notebooks" / "10_validation.ipynb").read_text()
+    assert all(f"`{name}" in text for name in numbers)  # every number is quoted on the page, none left over
+    assert numbers["eta_c_bf16"] == costs[1].eta_compute and numbers["eta_elem"] == costs[1].eta_elementwise
+    assert numbers["elem_diag"] == err.loc[calibrate.DIAGNOSTIC_SETS["llmservingsim_elementwise"],
+                                           "median_rel_err_after"]
+    assert 0 < numbers["elem_share_lo"] <= numbers["elem_share_hi"] < 1 and numbers["longest_tokens"] % 1 == 0
+    after = cases[(cases["stage"] == "after") & (cases["group"] == "held out")]
+    assert held["llmservingsim_attn"] == after.loc[after["set"] == "llmservingsim_attn", "rel_err"].median()
