@@ -40,10 +40,16 @@ test: lint unit nbval browser
 # make mutate: mutation testing with mutmut (not in CI: slow), in a scratch copy (_build/mutate), kernels as plain
 # Python (NUMBA_DISABLE_JIT=1, @njit removed from the mutated kernel files). Default scope: the metrics, the cost
 # model and the kernel's cost formula against a fast hand-worked test subset (20-40 minutes on 2 cores);
-# MUTATE_PATHS=batchlab mutates the whole package (hours). Scores and survivors: tests/MUTANTS.md.
+# MUTATE_PATHS=batchlab mutates the whole package in two strata (kernels JIT off, the rest JIT on with the broad
+# tests; hours unless sampled). MUTATE_SAMPLE=N scores a random sample of N mutants (95 % interval), MUTATE_SEED=S
+# its seed (default 0), MUTATE_REV=REV mutates the tracked files of commit REV ("before" scores); empty = off.
+# Scores and survivors: tests/MUTANTS.md.
 MUTATE_PATHS ?= batchlab/metrics.py batchlab/cost.py batchlab/_kernels/cost.py
+MUTATE_SAMPLE ?=
+MUTATE_SEED ?= 0
+MUTATE_REV ?=
 mutate: $(VENV)/.installed
-	$(PY) tests/mutate.py $(MUTATE_PATHS)
+	$(PY) tests/mutate.py $(MUTATE_PATHS) $(if $(MUTATE_SAMPLE),--sample $(MUTATE_SAMPLE) --seed $(MUTATE_SEED)) $(if $(MUTATE_REV),--rev $(MUTATE_REV))
 
 bench: $(VENV)/.installed
 	$(PY) benchmarks/bench_simulate.py
