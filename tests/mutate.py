@@ -27,9 +27,9 @@ that way although it mixes a kernel file with two plain modules. With ``--strata
 * ``DIR-kernels``: the files under ``batchlab/_kernels/``, ``@njit`` removed, ``NUMBA_DISABLE_JIT=1``, tests
   ``--tests`` (default :data:`DEFAULT_TESTS`);
 * ``DIR-package``: every other file, JIT on (nothing jitted is mutated there), tests :func:`package_tests`: every
-  ``tests/test_*.py`` and ``tests/chapters/test_*.py`` except property-based files (they import hypothesis: hundreds
-  of simulations per mutant), the browser/live ones and ``tests/test_layout.py`` (it measures the source text, which
-  mutmut rewrites).
+  ``tests/test_*.py`` and ``tests/chapters/test_*.py`` except the browser/live ones and ``tests/test_layout.py`` (it
+  measures the source text, which mutmut rewrites); in both strata property-based tests (pytest's ``hypothesis``
+  marker: hundreds of simulations per mutant) are deselected, the other tests of their files run.
 
 ``DIR`` itself then holds only the summaries. A stratum with no file is left out.
 
@@ -81,7 +81,8 @@ DEFAULT_TESTS = ["tests/test_metrics.py", "tests/test_metrics_streaming.py", "te
                  "tests/test_bad_inputs.py", "tests/test_input_validation.py", "tests/test_sim_cases.py",
                  "tests/test_scheduler_rules.py", "tests/test_vllm_rules.py", "tests/test_generators.py"]
 KERNELS = "batchlab/_kernels/"
-# Left out of the package stratum's broad test set besides the hypothesis and browser/live files: tests that read
+MARKERS = "not browser and not live and not needs_data and not hypothesis"  # pytest -m for every mutant
+# Left out of the package stratum's broad test set besides the browser/live files: tests that read
 # the package's source text, which mutmut rewrites (trampolines make every mutated module thousands of lines).
 PACKAGE_EXCLUDE = ["tests/test_layout.py"]
 KILLED = {"killed", "timeout", "segfault", "caught by type check"}
@@ -144,14 +145,13 @@ def expand(tree: Path, paths: list[str]) -> list[str]:
 
 
 def package_tests(tree: Path) -> list[str]:
-    """Every test file of ``tree`` but the property (hypothesis), browser/live and :data:`PACKAGE_EXCLUDE` ones."""
+    """Every test file of ``tree`` but the browser/live and :data:`PACKAGE_EXCLUDE` ones (property-based tests are
+    deselected by the ``hypothesis`` marker, so the other tests of their files still run)."""
     out = []
     for name in sorted(glob.glob(str(tree / "tests" / "test_*.py")) + glob.glob(str(tree / "tests" / "chapters" /
                                                                                        "test_*.py"))):
         text = Path(name).read_text()
         if os.path.relpath(name, tree) in PACKAGE_EXCLUDE:
-            continue
-        if re.search(r"^\s*(from|import) hypothesis\b", text, flags=re.MULTILINE):
             continue
         if "playwright" in text or re.search(r"^pytestmark\s*=.*\b(browser|live)\b", text, flags=re.MULTILINE):
             continue
@@ -184,7 +184,7 @@ def configure(dest: Path, paths: list[str], tests: list[str]) -> None:
 [tool.mutmut]
 source_paths = ["batchlab/"]
 only_mutate = {toml_list(paths)}
-pytest_add_cli_args = ["-p", "no:randomly", "-q", "-x", "-m", "not browser and not live and not needs_data"]
+pytest_add_cli_args = ["-p", "no:randomly", "-q", "-x", "-m", {json.dumps(MARKERS)}]
 pytest_add_cli_args_test_selection = {toml_list(tests)}
 also_copy = {toml_list(also_copy(dest))}
 """
