@@ -144,25 +144,22 @@ def goodput(requests, ttft_s: float | None = None, tpot_s: float | None = None, 
 
     ``requests`` is a per-request table (``SimResult.requests``, or a mapping of its columns; a result is read
     through it). Each SLO given must be a number of seconds > 0 (infinity: no limit on that measure)."""
-    if ttft_s is None and tpot_s is None and e2el_s is None:
+    slos = {col: slo for col, slo in (("ttft_s", ttft_s), ("tpot_s", tpot_s), ("e2el_s", e2el_s)) if slo is not None}
+    if not slos:
         raise ValueError("goodput needs at least one SLO: ttft_s, tpot_s or e2el_s")
     inner = getattr(requests, "requests", None)
     if hasattr(inner, "columns"):  # a SimResult or FleetResult
         requests = inner
-    needed = ["rejected", "arrival_s", "finish_s"] + [c for c, s in (("ttft_s", ttft_s), ("tpot_s", tpot_s),
-                                                                     ("e2el_s", e2el_s)) if s is not None]
+    needed = ["rejected", "arrival_s", "finish_s", *slos]
     missing = [c for c in needed if not hasattr(requests, "__getitem__") or c not in requests]
     if missing:
         raise ValueError(f"requests must be a per-request table (SimResult.requests) with columns {needed}; "
                          f"missing {missing}")
     done = ~np.asarray(requests["rejected"])
     ok = done.copy()
-    for col, slo in (("ttft_s", ttft_s), ("tpot_s", tpot_s), ("e2el_s", e2el_s)):
-        if slo is not None:
-            slo = _validate.real(f"{col} SLO", slo, 0.0, math.inf, low_open=True, allow_inf=True,
-                                 allowed="> 0 seconds")
-            v = np.asarray(requests[col])
-            ok &= ~(v > slo)  # NaN tpot (one-token output) meets any tpot SLO
+    for col, slo in slos.items():
+        slo = _validate.real(f"{col} SLO", slo, 0.0, math.inf, low_open=True, allow_inf=True, allowed="> 0 seconds")
+        ok &= ~(np.asarray(requests[col]) > slo)  # NaN tpot (one-token output) meets any tpot SLO
     if not done.any():
         return 0.0
     duration = float(np.nanmax(np.asarray(requests["finish_s"])[done]) - np.asarray(requests["arrival_s"]).min())
