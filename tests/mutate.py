@@ -293,6 +293,26 @@ def allocate(sizes: list[int], n: int) -> list[int]:
     return out
 
 
+def under(name: str, path: str) -> bool:
+    """``name`` is the file ``path`` or lies below the folder ``path``."""
+    path = path.rstrip("/")
+    return name == path or name.startswith(path + "/")
+
+
+def stratified(per_stratum: list[tuple[int, int, Tally]]) -> tuple[float, float]:
+    """Score and 95 % half-width of a stratified sample, from (population, sampled, tally) per stratum: strata
+    weighted by population, each stratum's variance from (k + 2) / (n + 4) (no zero width when every sampled mutant
+    was killed) with the finite-population correction."""
+    big_n = sum(population for population, _, _ in per_stratum)
+    est = var = 0.0
+    for population, _, t in per_stratum:
+        w = population / big_n
+        pa = (t.killed + 2) / (t.n + 4)
+        est += w * (t.killed / t.n if t.n else 0.5)
+        var += w * w * pa * (1 - pa) / (t.n + 4) * max(1 - t.n / population if population else 0.0, 0.0)
+    return est, Z * math.sqrt(var)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("paths", nargs="*", default=DEFAULT_PATHS)
@@ -323,10 +343,9 @@ def main(argv=None) -> int:
         if rev:
             listing = subprocess.run(["git", "ls-tree", "-r", "--name-only", rev], cwd=ROOT, check=True,
                                      capture_output=True, text=True).stdout.split()
-            files = [f for f in listing if f.endswith(".py")
-                     and any(f == p.rstrip("/") or f.startswith(p.rstrip("/") + "/") for p in args.paths)]
+            files = [f for f in listing if f.endswith(".py") and any(under(f, p) for p in args.paths)]
             for p in args.paths:
-                if not any(f == p.rstrip("/") or f.startswith(p.rstrip("/") + "/") for f in files):
+                if not any(under(f, p) for f in files):
                     print(f"note: {p} does not exist in {rev[:10]}, skipped")
         else:
             files = expand(ROOT, args.paths)
@@ -410,15 +429,7 @@ def main(argv=None) -> int:
             n = sum(t.n for _, _, t in per_stratum)
             lines.append(f"combined (all {big_n} mutants): {k} killed of {n} counted, score {k / max(n, 1):.1%}")
         else:
-            est = var = 0.0
-            for population, _, t in per_stratum:
-                w = population / big_n
-                p = t.killed / t.n if t.n else 0.5
-                pa = (t.killed + 2) / (t.n + 4)
-                fpc = 1 - t.n / population if population else 0.0
-                est += w * p
-                var += w * w * pa * (1 - pa) / (t.n + 4) * max(fpc, 0.0)
-            half = Z * math.sqrt(var)
+            est, half = stratified(per_stratum)
             lines.append(f"combined (stratified sample of {sum(d for _, d, _ in per_stratum)} of {big_n} mutants): "
                          f"score {est:.1%}, 95 % interval {max(0.0, est - half):.1%} to {min(1.0, est + half):.1%} "
                          f"(strata weighted by population: "
