@@ -17,7 +17,7 @@ from numba import njit
 from . import kvcache as kv
 from .cost import step_cost
 from .gaps import add_gaps
-from .iterations import (_account_tokens, _admit_waiting, _admit_whole_prompts, _count_gaps, _record_scheduled,
+from .iterations import (NO_SUMS, _account_tokens, _admit_waiting, _admit_whole_prompts, _count_gaps, _record_scheduled,
                          _release_finished, _run_scheduled, _schedule_running, _send_and_queue, _settle_last,
                          _settle_risky, _stamp_events)
 from .layout import (CLOCK_BUSY, CLOCK_LAST_START, CLOCK_NOW, CLOCK_PREV_END, KIND_PREEMPT, N_CLOCK, N_STATE,
@@ -81,7 +81,7 @@ def new_records(record_steps, record):
 
 
 @njit(cache=True)
-def advance(engine, steps, sched, risky, live, req, times, tok_step, prefix_ids, config, until_s):
+def advance(engine, steps, sched, risky, live, req, times, tok_times, prefix_ids, config, until_s):
     """Run iterations while the engine's next plan comes before ``until_s`` (DESIGN sections 4 and 4c).
 
     An engine plans an iteration at its planning moment: with async scheduling, when the iteration before it
@@ -128,10 +128,13 @@ def advance(engine, steps, sched, risky, live, req, times, tok_step, prefix_ids,
             hi = st[ST_RUNNING]
             n_scheduled = hi - lo
             n_victims = 0
+            ran, sums = lo, NO_SUMS
         else:
-            hi, n_scheduled, left, n_victims, n_dropped = _schedule_running(
+            # Without a schedule record the running rows run step 3 as they are scheduled (one pass, not two).
+            hi, n_scheduled, left, n_victims, n_dropped, sums = _schedule_running(
                 st, run, run_t, wait, req, times, victims, budget, thr, block_size, pool, seat_blocks, prefix_ids,
-                prefix_tokens, max_blocks + 1, st[ST_STEPS], prev_end)
+                prefix_tokens, max_blocks + 1, st[ST_STEPS], prev_end, not record, tok_times, gap_t, gap_req, events)
+            ran = 0 if record else hi
             # Nobody is admitted in an iteration that preempted.
             if n_dropped == 0 and st[ST_WAIT_LEN] > 0 and left > 0 and st[ST_RUNNING] < max_num_seqs:
                 _admit_waiting(st, run, run_t, wait, skipped, req, times, slot_times, now, left, budget, thr, rules,
@@ -161,12 +164,10 @@ def advance(engine, steps, sched, risky, live, req, times, tok_step, prefix_ids,
         if record:
             sched = _record_scheduled(sched, st, run, lo, hi)
         step = st[ST_STEPS]
-        if record_steps and step >= 2147483647:
-            raise ValueError("a run recording its tokens is limited to 2**31 - 1 iterations (record_tokens=False)")
         if lo > 0:  # Orca's prefill-only step leaves the decoders out
-            _settle_last(run, run_t, 0, lo, step, prev_end)
+            _settle_last(run, run_t, 0, lo, step, prev_end, tok_times)
         prefill_tokens, decode_seqs, attn_work, cached, sampled, first_done, n_next, n_gaps, n_events = _run_scheduled(
-            run, run_t, lo, hi, step, prev_end, tok_step, gap_t, gap_req, events)
+            run, run_t, ran, hi, step, prev_end, tok_times, gap_t, gap_req, events, sums)
         dur, _g, _a, _c, _e, _l, _u, flops, nbytes, bound = step_cost(
             coef, decode_seqs + prefill_tokens, attn_work, cached, sampled, n_scheduled, asynchronous)
         if record_steps:
@@ -182,7 +183,7 @@ def advance(engine, steps, sched, risky, live, req, times, tok_step, prefix_ids,
             add_gaps(itl, totals, now - prev_end, n_next)
         if n_gaps > 0:
             risky = _count_gaps(itl, totals, gap_t, gap_req, n_gaps, now, risky)
-        _stamp_events(st, run, events, n_events, now, times, done_log)
+        _stamp_events(st, run, events, n_events, now, times, done_log, tok_times)
         prev_end = now
         if first_done >= 0 or st[ST_PENDING] > 0:
             first = first_held if first_done < 0 else min(first_done, first_held)
@@ -223,7 +224,7 @@ def finish_engine(st, steps, sched, risky, live, req, record_steps, itl, totals)
 
 
 @njit(cache=True)
-def run_iterations(live, req, times, tok_step, coef, chunked, rules, max_num_seqs, budget, threshold,
+def run_iterations(live, req, times, tok_times, coef, chunked, rules, max_num_seqs, budget, threshold,
                    prefill_only_steps, usable_blocks, block_size, record, max_concurrency, prefix_ids,
                    prefix_tokens, record_steps, itl, totals):
     """Iteration-level policies: Orca-style ``continuous`` and vLLM ``chunked`` (DESIGN sections 4 and 4c).
@@ -232,9 +233,10 @@ def run_iterations(live, req, times, tok_step, coef, chunked, rules, max_num_seq
     requests in flight (closed-loop clients); a request's send time is ``times[:, TIME_SENT]`` (NaN: the
     kernel decides, closed loop). With async scheduling the iteration after the one running is planned when
     that one starts: it sees the requests sent by then, and the ones that finish in it still hold their seat
-    and blocks. ``record_steps``: keep one row per iteration; ``tok_step`` (empty: no token record) gets every
-    token's step index (``entry._token_times`` turns them into times; int32 holds 2**31 - 1 iterations, and a
-    longer recorded run raises). Inter-token gaps go into the histogram ``itl`` and the run's totals into ``totals``.
+    and blocks. ``record_steps``: keep one row per iteration; ``tok_times`` (empty: no token record) gets every
+    emitted token's time, written once (``iterations._run_row``); the slots of tokens never emitted are left as
+    they were (``entry.clear_unemitted``). Inter-token gaps go into the histogram ``itl`` and the run's totals into
+    ``totals``.
     """
     caching = chunked and rules & RULE_PREFIX_CACHE != 0
     max_blocks = prepare_requests(live, req, chunked, rules, budget, block_size)
@@ -242,7 +244,7 @@ def run_iterations(live, req, times, tok_step, coef, chunked, rules, max_num_seq
     config = (coef, chunked, rules, max_num_seqs, budget, threshold, prefill_only_steps, usable_blocks, block_size,
               record, prefix_tokens, record_steps, max_blocks)
     steps, sched, risky = new_records(record_steps, record)
-    status, steps, sched, risky = advance(engine, steps, sched, risky, live, req, times, tok_step, prefix_ids, config,
+    status, steps, sched, risky = advance(engine, steps, sched, risky, live, req, times, tok_times, prefix_ids, config,
                                           np.inf)
     st = engine[0]
     if status != STATUS_OK:

@@ -12,7 +12,7 @@ from .layout import (ITL_BINS, N_TOTALS, POLICY_CHUNKED, POLICY_CONTINUOUS, POLI
                      REQ_PREEMPT, REQ_PREFIX_END,
                      REQ_PREFIX_START, REQ_PROMPT, REQ_RECOMPUTED, REQ_REJECT, REQ_TOK_OFF, RULE_CHUNKING, STATUS_OK,
                      TIME_ARRIVAL, TIME_COLUMNS, TIME_FINISH, TIME_FIRST, TIME_RELEASE, TIME_SCHED, TIME_SEEN,
-                     TIME_SENT, STEP_DURATION, STEP_START)
+                     TIME_SENT)
 from .records import blocks_for
 
 
@@ -62,19 +62,13 @@ def _token_offsets(req, tok_off):
 
 
 @njit(cache=True, _nrt=False)
-def _token_times(ends, req, tok_off, tok_step, tok_times):
-    """The iteration loops record each token's step index (int32, in the first half of the bytes of
-    ``tok_times``: the scattered writes of the loop touch half the cache lines, and the record needs no memory
-    of its own); here each becomes the end of its step (``ends``), in place, from the last token back: the time
-    of token ``i`` overwrites the indices of tokens ``2i`` and ``2i + 1``, read before. A request's tokens past
-    the ones it emitted (rejected after a preemption) are NaN."""
-    for r in range(req.shape[0] - 1, -1, -1):
+def clear_unemitted(emitted, tok_off, tok_times):
+    """The loops write each token's time once it is known (``iterations._run_row``); a request's slots past the
+    ``emitted[r]`` tokens it emitted (rejected after a preemption) are never written, and become NaN here."""
+    for r in range(emitted.shape[0]):
         lo, hi = tok_off[r], tok_off[r + 1]
-        done = lo + min(req[r, REQ_EMITTED], hi - lo)
-        for i in range(hi - 1, done - 1, -1):
+        for i in range(lo + min(emitted[r], hi - lo), hi):
             tok_times[i] = np.nan
-        for i in range(done - 1, lo - 1, -1):
-            tok_times[i] = ends[tok_step[i]]
 
 
 @njit(cache=True)
@@ -111,13 +105,12 @@ def simulate_kernel(arrival, prompt, output, policy, coef, batch_size, max_queue
                                    usable_blocks, block_size, record, tok_times, record_tokens, itl, totals)
     else:
         tok_times = np.empty(n_tokens)
-        tok_step = tok_times.view(np.int32)[:n_tokens]
-        status, steps, sched = run_iterations(live, req, times, tok_step, coef, policy == POLICY_CHUNKED,
+        status, steps, sched = run_iterations(live, req, times, tok_times, coef, policy == POLICY_CHUNKED,
                                               rules, max_num_seqs, budget, threshold, prefill_only_steps,
                                               usable_blocks, block_size, record, max_concurrency, prefix_ids,
                                               prefix_tokens, record_tokens, itl, totals)
         if n_tokens > 0:
-            _token_times(steps[:, STEP_START] + steps[:, STEP_DURATION], req, tok_off, tok_step, tok_times)
+            clear_unemitted(req[:, REQ_EMITTED], tok_off, tok_times)
     for r in range(n):
         if times[r, TIME_SENT] != times[r, TIME_SENT]:  # rejected before the loop: never waited for a client slot
             times[r, TIME_SENT] = arrival[r]

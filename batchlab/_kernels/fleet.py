@@ -19,11 +19,11 @@ from numba.typed import List
 
 from . import kvcache as kv
 from .engine import advance, finish_engine, new_engine, new_records, next_plan_s, prepare_requests
-from .entry import _tables, _token_offsets, reject_up_front
+from .entry import _tables, _token_offsets, clear_unemitted, reject_up_front
 from .layout import (ENGINE_CLOCK, ENGINE_DONE_LOG, ENGINE_POOL, ENGINE_STATE, ITL_BINS, N_TOTALS, REQ_EMITTED,
                      REQ_OUTPUT, REQ_PRELOADED, REQ_PROMPT, ROUTE_LEAST_OUTSTANDING, ROUTE_PREFIX, ROUTE_ROUND_ROBIN,
                      RULE_CHUNKING, RULE_PREFIX_CACHE, SCHED_COLUMNS, ST_DONE, ST_FINISHED, STATUS_OK, STATUS_STUCK,
-                     STEP_COLUMNS, STEP_DURATION, STEP_START, TIME_ARRIVAL, TIME_FIRST, TIME_LAST, TIME_SEEN,
+                     STEP_COLUMNS, TIME_ARRIVAL, TIME_FIRST, TIME_LAST, TIME_SEEN,
                      TIME_SENT)
 
 
@@ -54,7 +54,7 @@ def _route(router, engines, counts, lo, hi, turn, req, r, block_size, prefix_ids
 
 
 @njit(cache=True)
-def _advance_to(engines, records, lives, counts, next_plan, lo, hi, req, times, tok_step, prefix_ids, config,
+def _advance_to(engines, records, lives, counts, next_plan, lo, hi, req, times, tok_times, prefix_ids, config,
                 until_s):
     """Advance engines ``[lo, hi)`` to ``until_s``; returns False if one is stuck (a bug)."""
     for i in range(lo, hi):
@@ -62,7 +62,7 @@ def _advance_to(engines, records, lives, counts, next_plan, lo, hi, req, times, 
             continue
         steps, sched, risky = records[i]
         live = lives[i, :counts[i]]
-        status, steps, sched, risky = advance(engines[i], steps, sched, risky, live, req, times, tok_step,
+        status, steps, sched, risky = advance(engines[i], steps, sched, risky, live, req, times, tok_times,
                                               prefix_ids, config, until_s)
         records[i] = (steps, sched, risky)
         if status == STATUS_STUCK:
@@ -86,7 +86,7 @@ def _hand_over(engines, harvested, n_front, req_d, times, transfer_s, ready_s, l
 
 
 @njit(cache=True)
-def _run_fleet(engines, records, live, req, times, req_d, times_d, tok_step, prefix_ids, config, config_d, n_front,
+def _run_fleet(engines, records, live, req, times, req_d, times_d, tok_times, prefix_ids, config, config_d, n_front,
                router, transfer_s, front_of, back_of, ready_s):
     """The fleet's loop over arrivals and KV landings, in time order (module docstring); returns a status."""
     n_engines = len(engines)
@@ -109,7 +109,7 @@ def _run_fleet(engines, records, live, req, times, req_d, times_d, tok_step, pre
     n_live = live.shape[0]
     while True:
         t_next = arrival[live[i_live]] if i_live < n_live else np.inf
-        if not _advance_to(engines, records, lives, counts, next_plan, 0, n_front, req, times, tok_step, prefix_ids,
+        if not _advance_to(engines, records, lives, counts, next_plan, 0, n_front, req, times, tok_times, prefix_ids,
                            config, t_next):
             return STATUS_STUCK
         if disagg:
@@ -118,7 +118,7 @@ def _run_fleet(engines, records, live, req, times, req_d, times_d, tok_step, pre
             while len(landing) > 0 and landing[0][0] <= t_next:
                 d, r = heapq.heappop(landing)
                 if not _advance_to(engines, records, lives, counts, next_plan, n_front, n_engines, req_d, times_d,
-                                   tok_step, prefix_ids, config_d, d):
+                                   tok_times, prefix_ids, config_d, d):
                     return STATUS_STUCK
                 j = _route(router_d, engines, counts, n_front, n_engines, turn_d, req_d, r, block_size, prefix_ids,
                            prefix_tokens, max_blocks_d + 1, hit_slots)
@@ -149,7 +149,7 @@ def _run_fleet(engines, records, live, req, times, req_d, times_d, tok_step, pre
         steps, sched, risky = records[i]
         live_i = lives[i, :counts[i]]
         engine = engines[i]
-        status, steps, sched, risky = advance(engine, steps, sched, risky, live_i, t_req, t_times, tok_step,
+        status, steps, sched, risky = advance(engine, steps, sched, risky, live_i, t_req, t_times, tok_times,
                                               prefix_ids, config if front else config_d, np.inf)
         if status != STATUS_OK:
             return STATUS_STUCK
@@ -169,21 +169,6 @@ def _concat(records, which, n_cols, dtype_like):
     for i in range(len(records)):
         out[off[i]:off[i + 1]] = records[i][which]
     return out, off
-
-
-@njit(cache=True)
-def _fleet_token_times(steps, step_off, req, tok_off, tok_step, front_of, back_of, emitted):
-    """Each recorded token's time: the end of its step on the engine that emitted it (the first token on the
-    front engine, the others on the back one)."""
-    tok_times = np.full(tok_step.shape[0], np.nan)
-    for r in range(req.shape[0]):
-        lo, hi = tok_off[r], tok_off[r + 1]
-        done = lo + min(emitted[r], hi - lo)
-        for i in range(lo, done):
-            e = front_of[r] if i == lo else back_of[r]
-            k = step_off[e] + tok_step[i]
-            tok_times[i] = steps[k, STEP_START] + steps[k, STEP_DURATION]
-    return tok_times
 
 
 @njit(cache=True)
@@ -209,7 +194,7 @@ def fleet_kernel(arrival, prompt, output, coef, rules, max_num_seqs, budget, thr
     tok_off = np.zeros(n + 1, np.int64)
     _token_offsets(req, tok_off)
     n_tokens = tok_off[n] if record_tokens else 0
-    tok_step = np.empty(n_tokens, np.int32)
+    tok_times = np.empty(n_tokens)  # every engine writes the times of the tokens it emits
     # Prefill instances see each request with an output of one token; decode instances see it whole, its first
     # token already out and its prompt's KV present.
     req_d, times_d = req, times
@@ -239,13 +224,11 @@ def fleet_kernel(arrival, prompt, output, coef, rules, max_num_seqs, budget, thr
     front_of = np.full(n, -1, np.int64)
     back_of = np.full(n, -1, np.int64)
     ready_s = np.full(n, np.nan)
-    status = _run_fleet(engines, records, live, req, times, req_d, times_d, tok_step, prefix_ids, config, config_d,
+    status = _run_fleet(engines, records, live, req, times, req_d, times_d, tok_times, prefix_ids, config, config_d,
                         n_front, router, transfer_s, front_of, back_of, ready_s)
     steps, step_off = _concat(records, 0, len(STEP_COLUMNS), np.empty(0))
     sched, sched_off = _concat(records, 1, len(SCHED_COLUMNS), np.empty(0, np.int64))
-    tok_times = np.empty(0)
     if n_tokens > 0 and status == STATUS_OK:
-        emitted = req_d[:, REQ_EMITTED].copy()
-        tok_times = _fleet_token_times(steps, step_off, req, tok_off, tok_step, front_of, back_of, emitted)
+        clear_unemitted(req_d[:, REQ_EMITTED], tok_off, tok_times)  # the decode side counts them all
     return (status, req, times, req_d, times_d, tok_off, tok_times, front_of, back_of, ready_s, steps, step_off, sched,
             sched_off, itl, totals)

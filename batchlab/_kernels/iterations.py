@@ -27,6 +27,8 @@ from .layout import (KIND_CACHED, KIND_DECODE, KIND_PREFILL, REJECT_RECOMPUTE, R
 from .gaps import add_gaps
 from .records import blocks_for, grow, record_sched
 
+NO_SUMS = (0, 0, 0.0, 0, 0, -1, 0, 0, 0)  # step 3's sums before any row has run (see _run_row)
+
 
 @njit(cache=True, _nrt=False)
 def _is_decode(run, k):
@@ -90,11 +92,11 @@ def _send_and_queue(st, times, live, wait, slot_times, view_s, req, coef, fronte
 
 @njit(cache=True, _nrt=False)
 def _preempt_last(st, run, run_t, wait, req, times, pool, seat_blocks, prefix_ids, prefix_tokens, unique_stride,
-                  block_size, step_index, prev_end):
+                  block_size, step_index, prev_end, tok_times):
     """Preempt the last running request: free its blocks, restart it from zero at the front of the queue.
 
     Returns the request preempted, or -1 when the last row had already finished (async scheduling still
-    held it): it simply leaves.
+    held it): it simply leaves. A token it emitted in the step just before is written to ``tok_times`` here.
     """
     n = wait.shape[0]
     v = st[ST_RUNNING] - 1
@@ -111,6 +113,8 @@ def _preempt_last(st, run, run_t, wait, req, times, pool, seat_blocks, prefix_id
     req[victim, REQ_EMITTED] = run[v, RUN_EMIT]
     req[victim, REQ_LAST_STEP] = run[v, RUN_LAST]
     times[victim, TIME_LAST] = prev_end if run[v, RUN_LAST] == step_index - 1 else run_t[v]
+    if run[v, RUN_LAST] == step_index - 1 and tok_times.shape[0] > 0:
+        tok_times[run[v, RUN_TOKPOS] - 1] = prev_end
     if run[v, RUN_EMIT] == run[v, RUN_OUT]:
         st[ST_FINISHED] += 1
         st[ST_PENDING] -= 1
@@ -145,12 +149,16 @@ def _grow_blocks(st, run, k, need, known, req, pool, seat_blocks, prefix_ids, pr
 
 @njit(cache=True, _nrt=False)
 def _schedule_running(st, run, run_t, wait, req, times, victims, budget, threshold, block_size, pool, seat_blocks,
-                      prefix_ids, prefix_tokens, unique_stride, step_index, prev_end):
+                      prefix_ids, prefix_tokens, unique_stride, step_index, prev_end, run_now, tok_times, gap_t,
+                      gap_req, events):
     """Chunked step 1: running requests in admission order, each asking for a decode or its next chunk.
 
     A request that cannot get its blocks preempts the last running request (possibly itself, which ends
-    the pass). A row that has finished (held one more step by async scheduling) is skipped. Returns (rows
-    passed, rows scheduled, budget left, requests preempted in ``victims``, rows dropped).
+    the pass). A row that has finished (held one more step by async scheduling) is skipped. With ``run_now``
+    each row scheduled also runs step 3 (:func:`_run_row`) in the same pass, which is safe since a preemption
+    only ever takes a row not yet passed; without it (a schedule record reads the rows as planned) step 3 is
+    left to :func:`_run_scheduled`. Returns (rows passed, rows scheduled, budget left, requests preempted in
+    ``victims``, rows dropped, step 3's sums over the rows run, as :func:`_run_scheduled` returns them).
     """
     caching = pool.shape[0] > 1
     hi = 0
@@ -160,10 +168,13 @@ def _schedule_running(st, run, run_t, wait, req, times, victims, budget, thresho
     n_dropped = 0
     n_running = st[ST_RUNNING]  # locals: the state vector is written only around calls that change it
     free = st[ST_FREE_BLOCKS]
+    sums = NO_SUMS
     while hi < n_running and left > 0:
         known = run[hi, RUN_PROMPT] + run[hi, RUN_EMIT]
         if run[hi, RUN_EMIT] == run[hi, RUN_OUT]:
             run[hi, RUN_TOK] = 0
+            if run_now and run[hi, RUN_LAST] == step_index - 1:
+                run_t[hi] = prev_end
             hi += 1
             continue
         want = known - run[hi, RUN_COMP]
@@ -179,7 +190,7 @@ def _schedule_running(st, run, run_t, wait, req, times, victims, budget, thresho
             was_last = n_running - 1 == hi
             st[ST_FREE_BLOCKS] = free
             victim = _preempt_last(st, run, run_t, wait, req, times, pool, seat_blocks, prefix_ids, prefix_tokens,
-                                   unique_stride, block_size, step_index, prev_end)
+                                   unique_stride, block_size, step_index, prev_end, tok_times)
             n_running = st[ST_RUNNING]
             free = st[ST_FREE_BLOCKS]
             n_dropped += 1
@@ -207,10 +218,12 @@ def _schedule_running(st, run, run_t, wait, req, times, victims, budget, thresho
                                  full, block_size, prefix_ids, prefix_tokens, unique_stride)
                 run[hi, RUN_CACHED] = full
         left -= want
+        if run_now:
+            sums = _run_row(run, run_t, hi, step_index, prev_end, tok_times, gap_t, gap_req, events, sums)
         hi += 1
         n_scheduled += 1
     st[ST_FREE_BLOCKS] = free
-    return hi, n_scheduled, left, n_victims, n_dropped
+    return hi, n_scheduled, left, n_victims, n_dropped, sums
 
 
 @njit(cache=True, _nrt=False)
@@ -311,78 +324,81 @@ def _admit_whole_prompts(st, run, run_t, wait, req, times, now, budget, max_num_
 
 
 @njit(cache=True, _nrt=False)
-def _run_scheduled(run, run_t, lo, hi, step_index, prev_end, tok_step, gap_t, gap_req, events):
-    """Step 3: one pass over the rows ``[lo, hi)`` sums the iteration's aggregates and emits.
+def _run_row(run, run_t, k, step_index, prev_end, tok_times, gap_t, gap_req, events, sums):
+    """Step 3 for row ``k``: its share of the iteration's aggregates, and the token it emits.
 
     A request that has computed every token it knows samples the next one; a row scheduled for no tokens
     (finished, held by async scheduling) is passed over. An emission is marked with the step's index
-    (``RUN_LAST``; with a token record, also in ``tok_step``); rows whose first or last token it is go to
-    ``events``, stamped once the step is timed. The gap an emission closes is counted in ``n_next`` if the row's
+    (``RUN_LAST``); rows whose first or last token it is go to ``events``, stamped once the step is timed. With a
+    token record (``tok_times`` not empty) a token's time is written when it is first known to have come: a
+    request's last token by :func:`_stamp_events`, any other at the row's next pass, which finds it came at
+    ``prev_end``, or when the row is preempted first (:func:`_preempt_last`), so each is written once, in the
+    cache lines the row is writing anyway. The gap an emission closes is counted in ``n_next`` if the row's
     last token came in the step just before (which ended at ``prev_end``), else the time of that token goes to
     ``gap_t`` (with the request in ``gap_req`` if it may yet be rejected, else -1). ``run_t[k]`` is when row
     ``k``'s last token came, read only when that token came before the step just before (``RUN_LAST`` <
     ``step_index - 1``; otherwise it is ``prev_end``): a row that emits in consecutive steps never writes it, and
     one that emitted in the step before but emits nothing now writes it here (or in :func:`_settle_last`).
-    Returns (prefill tokens, decode sequences, attention work, cached tokens, rows that sampled a token, first
-    row that finished or -1, n_next, entries in ``gap_t``, entries in ``events``).
+    ``sums`` and the result: (prefill tokens, decode sequences, attention work, cached tokens, rows that sampled
+    a token, first row that finished or -1, n_next, entries in ``gap_t``, entries in ``events``), the rows before
+    ``k`` summed in order (``NO_SUMS``: none yet), so the float sum is the same however the rows are split.
     """
-    attn_work = 0.0
-    cached = 0
-    prefill_tokens = 0
-    decode_seqs = 0
-    sampled = 0
-    first_done = -1
-    n_next = 0
-    n_gaps = 0
-    n_events = 0
-    record_tokens = tok_step.shape[0] > 0
-    for k in range(lo, hi):
-        last = run[k, RUN_LAST]
-        c = run[k, RUN_TOK]
-        if c == 0:
-            if last == step_index - 1:
-                run_t[k] = prev_end
-            continue
-        p = run[k, RUN_COMP]
-        known = run[k, RUN_PROMPT] + run[k, RUN_EMIT]
-        cached += p
-        if run[k, RUN_EMIT] > 0 and p == known - 1:  # a decode
-            attn_work += 2.0 * p
-            decode_seqs += 1
-        else:
-            attn_work += c * (2.0 * p + c)
-            prefill_tokens += c
-        run[k, RUN_COMP] = p + c
-        run[k, RUN_TOK] = 1  # Orca: after its first iteration a row only decodes (chunked resets it anyway)
-        if p + c == known:
-            sampled += 1
-            if record_tokens:
-                tok_step[run[k, RUN_TOKPOS]] = step_index
-                run[k, RUN_TOKPOS] += 1
-            emitted = run[k, RUN_EMIT] + 1
-            if emitted > 1:  # the token closes a gap
-                if last == step_index - 1 and run[k, RUN_RISK] == 0:
-                    n_next += 1
-                else:
-                    gap_t[n_gaps] = prev_end if last == step_index - 1 else run_t[k]
-                    gap_req[n_gaps] = run[k, RUN_REQ] if run[k, RUN_RISK] else -1
-                    n_gaps += 1
-            run[k, RUN_LAST] = step_index
-            run[k, RUN_EMIT] = emitted
-            if emitted == 1 or emitted == run[k, RUN_OUT]:
-                events[n_events] = k
-                n_events += 1
-                if emitted == run[k, RUN_OUT] and first_done < 0:
-                    first_done = k
-        elif last == step_index - 1:  # no token now: the row keeps the time of the one before
+    prefill_tokens, decode_seqs, attn_work, cached, sampled, first_done, n_next, n_gaps, n_events = sums
+    last = run[k, RUN_LAST]
+    c = run[k, RUN_TOK]
+    if c == 0:  # a finished row: its last token was written when it came
+        if last == step_index - 1:
             run_t[k] = prev_end
+        return sums
+    if last == step_index - 1 and tok_times.shape[0] > 0:  # the row's token of the step before came at prev_end
+        tok_times[run[k, RUN_TOKPOS] - 1] = prev_end
+    p = run[k, RUN_COMP]
+    known = run[k, RUN_PROMPT] + run[k, RUN_EMIT]
+    cached += p
+    if run[k, RUN_EMIT] > 0 and p == known - 1:  # a decode
+        attn_work += 2.0 * p
+        decode_seqs += 1
+    else:
+        attn_work += c * (2.0 * p + c)
+        prefill_tokens += c
+    run[k, RUN_COMP] = p + c
+    run[k, RUN_TOK] = 1  # Orca: after its first iteration a row only decodes (chunked resets it anyway)
+    if p + c == known:
+        sampled += 1
+        run[k, RUN_TOKPOS] += 1
+        emitted = run[k, RUN_EMIT] + 1
+        if emitted > 1:  # the token closes a gap
+            if last == step_index - 1 and run[k, RUN_RISK] == 0:
+                n_next += 1
+            else:
+                gap_t[n_gaps] = prev_end if last == step_index - 1 else run_t[k]
+                gap_req[n_gaps] = run[k, RUN_REQ] if run[k, RUN_RISK] else -1
+                n_gaps += 1
+        run[k, RUN_LAST] = step_index
+        run[k, RUN_EMIT] = emitted
+        if emitted == 1 or emitted == run[k, RUN_OUT]:
+            events[n_events] = k
+            n_events += 1
+            if emitted == run[k, RUN_OUT] and first_done < 0:
+                first_done = k
+    elif last == step_index - 1:  # no token now: the row keeps the time of the one before
+        run_t[k] = prev_end
     return prefill_tokens, decode_seqs, attn_work, cached, sampled, first_done, n_next, n_gaps, n_events
 
 
 @njit(cache=True, _nrt=False)
-def _settle_last(run, run_t, lo, hi, step_index, prev_end):
+def _run_scheduled(run, run_t, lo, hi, step_index, prev_end, tok_times, gap_t, gap_req, events, sums):
+    """Step 3: one pass over the rows ``[lo, hi)`` (:func:`_run_row`), adding to ``sums`` (``NO_SUMS`` for none)."""
+    for k in range(lo, hi):
+        sums = _run_row(run, run_t, k, step_index, prev_end, tok_times, gap_t, gap_req, events, sums)
+    return sums
+
+
+@njit(cache=True, _nrt=False)
+def _settle_last(run, run_t, lo, hi, step_index, prev_end, tok_times):
     """Rows in ``[lo, hi)`` that emitted in the step before ``step_index`` (which ended at ``prev_end``) but take
-    no part in this one learn when their last token came (:func:`_run_scheduled` does it for the others).
+    no part in this one learn when their last token came, and write its time (:func:`_run_row` does it for the
+    others).
 
     Only Orca's prefill-only steps leave such rows out. Under ``chunked`` a row that emitted in one step is
     scheduled in the next (the rows before it ask for no more tokens than they did: decodes stay at one, chunks
@@ -390,12 +406,15 @@ def _settle_last(run, run_t, lo, hi, step_index, prev_end):
     for k in range(lo, hi):
         if run[k, RUN_LAST] == step_index - 1:
             run_t[k] = prev_end
+            if tok_times.shape[0] > 0:
+                tok_times[run[k, RUN_TOKPOS] - 1] = prev_end
 
 
 @njit(cache=True, _nrt=False)
-def _stamp_events(st, run, events, n_events, end_s, times, done_log):
-    """The step that emitted them ends at ``end_s``: first and last tokens are stamped on their requests, and the
-    requests that finished are logged in ``done_log`` (the fleet loop hands them on: disaggregated serving)."""
+def _stamp_events(st, run, events, n_events, end_s, times, done_log, tok_times):
+    """The step that emitted them ends at ``end_s``: first and last tokens are stamped on their requests (a last
+    token's time also into ``tok_times``, if not empty), and the requests that finished are logged in
+    ``done_log`` (the fleet loop hands them on: disaggregated serving)."""
     for m in range(n_events):
         k = events[m]
         r = run[k, RUN_REQ]
@@ -404,6 +423,8 @@ def _stamp_events(st, run, events, n_events, end_s, times, done_log):
         if run[k, RUN_EMIT] == run[k, RUN_OUT]:
             times[r, TIME_FINISH] = end_s
             times[r, TIME_RELEASE] = end_s
+            if tok_times.shape[0] > 0:
+                tok_times[run[k, RUN_TOKPOS] - 1] = end_s
             done_log[st[ST_DONE]] = r
             st[ST_DONE] += 1
 
