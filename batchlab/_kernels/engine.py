@@ -17,7 +17,7 @@ from numba import njit
 from . import kvcache as kv
 from .cost import step_cost
 from .gaps import add_gaps
-from .iterations import (NO_SUMS, _account_tokens, _admit_waiting, _admit_whole_prompts, _count_gaps, _record_scheduled,
+from .iterations import (_account_tokens, _admit_waiting, _admit_whole_prompts, _count_gaps, _record_scheduled,
                          _release_finished, _run_scheduled, _schedule_running, _send_and_queue, _settle_last,
                          _settle_risky, _stamp_events)
 from .layout import (CLOCK_BUSY, CLOCK_LAST_START, CLOCK_NOW, CLOCK_PREV_END, KIND_PREEMPT, N_CLOCK, N_STATE,
@@ -128,13 +128,10 @@ def advance(engine, steps, sched, risky, live, req, times, tok_times, prefix_ids
             hi = st[ST_RUNNING]
             n_scheduled = hi - lo
             n_victims = 0
-            ran, sums = lo, NO_SUMS
         else:
-            # Without a schedule record the running rows run step 3 as they are scheduled (one pass, not two).
-            hi, n_scheduled, left, n_victims, n_dropped, sums = _schedule_running(
+            hi, n_scheduled, left, n_victims, n_dropped = _schedule_running(
                 st, run, run_t, wait, req, times, victims, budget, thr, block_size, pool, seat_blocks, prefix_ids,
-                prefix_tokens, max_blocks + 1, st[ST_STEPS], prev_end, not record, tok_times, gap_t, gap_req, events)
-            ran = 0 if record else hi
+                prefix_tokens, max_blocks + 1, st[ST_STEPS], prev_end, tok_times)
             # Nobody is admitted in an iteration that preempted.
             if n_dropped == 0 and st[ST_WAIT_LEN] > 0 and left > 0 and st[ST_RUNNING] < max_num_seqs:
                 _admit_waiting(st, run, run_t, wait, skipped, req, times, slot_times, now, left, budget, thr, rules,
@@ -167,7 +164,7 @@ def advance(engine, steps, sched, risky, live, req, times, tok_times, prefix_ids
         if lo > 0:  # Orca's prefill-only step leaves the decoders out
             _settle_last(run, run_t, 0, lo, step, prev_end, tok_times)
         prefill_tokens, decode_seqs, attn_work, cached, sampled, first_done, n_next, n_gaps, n_events = _run_scheduled(
-            run, run_t, ran, hi, step, prev_end, tok_times, gap_t, gap_req, events, sums)
+            run, run_t, lo, hi, step, prev_end, tok_times, gap_t, gap_req, events)
         dur, _g, _a, _c, _e, _l, _u, flops, nbytes, bound = step_cost(
             coef, decode_seqs + prefill_tokens, attn_work, cached, sampled, n_scheduled, asynchronous)
         if record_steps:
@@ -234,7 +231,7 @@ def run_iterations(live, req, times, tok_times, coef, chunked, rules, max_num_se
     kernel decides, closed loop). With async scheduling the iteration after the one running is planned when
     that one starts: it sees the requests sent by then, and the ones that finish in it still hold their seat
     and blocks. ``record_steps``: keep one row per iteration; ``tok_times`` (empty: no token record) gets every
-    emitted token's time, written once (``iterations._run_row``); the slots of tokens never emitted are left as
+    emitted token's time, written once (``iterations._run_scheduled``); the slots of tokens never emitted are left as
     they were (``entry.clear_unemitted``). Inter-token gaps go into the histogram ``itl`` and the run's totals into
     ``totals``.
     """

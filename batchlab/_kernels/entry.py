@@ -63,7 +63,7 @@ def _token_offsets(req, tok_off):
 
 @njit(cache=True, _nrt=False)
 def clear_unemitted(emitted, tok_off, tok_times):
-    """The loops write each token's time once it is known (``iterations._run_row``); a request's slots past the
+    """The loops write each token's time once it is known (``iterations._run_scheduled``); a request's slots past the
     ``emitted[r]`` tokens it emitted (rejected after a preemption) are never written, and become NaN here."""
     for r in range(emitted.shape[0]):
         lo, hi = tok_off[r], tok_off[r + 1]

@@ -27,8 +27,6 @@ from .layout import (KIND_CACHED, KIND_DECODE, KIND_PREFILL, REJECT_RECOMPUTE, R
 from .gaps import add_gaps
 from .records import blocks_for, grow, record_sched
 
-NO_SUMS = (0, 0, 0.0, 0, 0, -1, 0, 0, 0)  # step 3's sums before any row has run (see _run_row)
-
 
 @njit(cache=True, _nrt=False)
 def _is_decode(run, k):
@@ -149,16 +147,12 @@ def _grow_blocks(st, run, k, need, known, req, pool, seat_blocks, prefix_ids, pr
 
 @njit(cache=True, _nrt=False)
 def _schedule_running(st, run, run_t, wait, req, times, victims, budget, threshold, block_size, pool, seat_blocks,
-                      prefix_ids, prefix_tokens, unique_stride, step_index, prev_end, run_now, tok_times, gap_t,
-                      gap_req, events):
+                      prefix_ids, prefix_tokens, unique_stride, step_index, prev_end, tok_times):
     """Chunked step 1: running requests in admission order, each asking for a decode or its next chunk.
 
     A request that cannot get its blocks preempts the last running request (possibly itself, which ends
-    the pass). A row that has finished (held one more step by async scheduling) is skipped. With ``run_now``
-    each row scheduled also runs step 3 (:func:`_run_row`) in the same pass, which is safe since a preemption
-    only ever takes a row not yet passed; without it (a schedule record reads the rows as planned) step 3 is
-    left to :func:`_run_scheduled`. Returns (rows passed, rows scheduled, budget left, requests preempted in
-    ``victims``, rows dropped, step 3's sums over the rows run, as :func:`_run_scheduled` returns them).
+    the pass). A row that has finished (held one more step by async scheduling) is skipped. Returns (rows
+    passed, rows scheduled, budget left, requests preempted in ``victims``, rows dropped).
     """
     caching = pool.shape[0] > 1
     hi = 0
@@ -168,13 +162,10 @@ def _schedule_running(st, run, run_t, wait, req, times, victims, budget, thresho
     n_dropped = 0
     n_running = st[ST_RUNNING]  # locals: the state vector is written only around calls that change it
     free = st[ST_FREE_BLOCKS]
-    sums = NO_SUMS
     while hi < n_running and left > 0:
         known = run[hi, RUN_PROMPT] + run[hi, RUN_EMIT]
         if run[hi, RUN_EMIT] == run[hi, RUN_OUT]:
             run[hi, RUN_TOK] = 0
-            if run_now and run[hi, RUN_LAST] == step_index - 1:
-                run_t[hi] = prev_end
             hi += 1
             continue
         want = known - run[hi, RUN_COMP]
@@ -218,12 +209,10 @@ def _schedule_running(st, run, run_t, wait, req, times, victims, budget, thresho
                                  full, block_size, prefix_ids, prefix_tokens, unique_stride)
                 run[hi, RUN_CACHED] = full
         left -= want
-        if run_now:
-            sums = _run_row(run, run_t, hi, step_index, prev_end, tok_times, gap_t, gap_req, events, sums)
         hi += 1
         n_scheduled += 1
     st[ST_FREE_BLOCKS] = free
-    return hi, n_scheduled, left, n_victims, n_dropped, sums
+    return hi, n_scheduled, left, n_victims, n_dropped
 
 
 @njit(cache=True, _nrt=False)
@@ -324,8 +313,8 @@ def _admit_whole_prompts(st, run, run_t, wait, req, times, now, budget, max_num_
 
 
 @njit(cache=True, _nrt=False)
-def _run_row(run, run_t, k, step_index, prev_end, tok_times, gap_t, gap_req, events, sums):
-    """Step 3 for row ``k``: its share of the iteration's aggregates, and the token it emits.
+def _run_scheduled(run, run_t, lo, hi, step_index, prev_end, tok_times, gap_t, gap_req, events):
+    """Step 3: one pass over the rows ``[lo, hi)`` sums the iteration's aggregates and emits.
 
     A request that has computed every token it knows samples the next one; a row scheduled for no tokens
     (finished, held by async scheduling) is passed over. An emission is marked with the step's index
@@ -339,66 +328,75 @@ def _run_row(run, run_t, k, step_index, prev_end, tok_times, gap_t, gap_req, eve
     ``k``'s last token came, read only when that token came before the step just before (``RUN_LAST`` <
     ``step_index - 1``; otherwise it is ``prev_end``): a row that emits in consecutive steps never writes it, and
     one that emitted in the step before but emits nothing now writes it here (or in :func:`_settle_last`).
-    ``sums`` and the result: (prefill tokens, decode sequences, attention work, cached tokens, rows that sampled
-    a token, first row that finished or -1, n_next, entries in ``gap_t``, entries in ``events``), the rows before
-    ``k`` summed in order (``NO_SUMS``: none yet), so the float sum is the same however the rows are split.
+    Returns (prefill tokens, decode sequences, attention work, cached tokens, rows that sampled a token, first
+    row that finished or -1, n_next, entries in ``gap_t``, entries in ``events``).
     """
-    prefill_tokens, decode_seqs, attn_work, cached, sampled, first_done, n_next, n_gaps, n_events = sums
-    last = run[k, RUN_LAST]
-    c = run[k, RUN_TOK]
-    if c == 0:  # a finished row: its last token was written when it came
-        if last == step_index - 1:
-            run_t[k] = prev_end
-        return sums
-    if last == step_index - 1 and tok_times.shape[0] > 0:  # the row's token of the step before came at prev_end
-        tok_times[run[k, RUN_TOKPOS] - 1] = prev_end
-    p = run[k, RUN_COMP]
-    known = run[k, RUN_PROMPT] + run[k, RUN_EMIT]
-    cached += p
-    if run[k, RUN_EMIT] > 0 and p == known - 1:  # a decode
-        attn_work += 2.0 * p
-        decode_seqs += 1
-    else:
-        attn_work += c * (2.0 * p + c)
-        prefill_tokens += c
-    run[k, RUN_COMP] = p + c
-    run[k, RUN_TOK] = 1  # Orca: after its first iteration a row only decodes (chunked resets it anyway)
-    if p + c == known:
-        sampled += 1
-        run[k, RUN_TOKPOS] += 1
-        emitted = run[k, RUN_EMIT] + 1
-        if emitted > 1:  # the token closes a gap
-            if last == step_index - 1 and run[k, RUN_RISK] == 0:
-                n_next += 1
-            else:
+    # The common row (a decode following the row's token of the step before) updates no counter: the counts are
+    # derived from the rarer rows after the pass (a counter updated on every row is a chain through memory here).
+    attn_work = 0.0
+    cached = 0
+    prefill_tokens = 0
+    prefill_rows = 0
+    idle_rows = 0  # finished rows passed over
+    partial_rows = 0  # prompt chunks that sample nothing
+    first_tokens = 0
+    first_done = -1
+    n_gaps = 0
+    n_events = 0
+    record_tokens = tok_times.shape[0] > 0
+    for k in range(lo, hi):
+        last = run[k, RUN_LAST]
+        c = run[k, RUN_TOK]
+        if c == 0:  # a finished row: its last token was written when it came
+            idle_rows += 1
+            if last == step_index - 1:
+                run_t[k] = prev_end
+            continue
+        if record_tokens and last == step_index - 1:  # the row's token of the step before came at prev_end
+            tok_times[run[k, RUN_TOKPOS] - 1] = prev_end
+        p = run[k, RUN_COMP]
+        known = run[k, RUN_PROMPT] + run[k, RUN_EMIT]
+        cached += p
+        if run[k, RUN_EMIT] > 0 and p == known - 1:  # a decode
+            attn_work += 2.0 * p
+        else:
+            attn_work += c * (2.0 * p + c)
+            prefill_tokens += c
+            prefill_rows += 1
+        run[k, RUN_COMP] = p + c
+        run[k, RUN_TOK] = 1  # Orca: after its first iteration a row only decodes (chunked resets it anyway)
+        if p + c == known:
+            run[k, RUN_TOKPOS] += 1
+            emitted = run[k, RUN_EMIT] + 1
+            if emitted == 1:
+                first_tokens += 1
+            elif last != step_index - 1 or run[k, RUN_RISK] != 0:  # the token closes a gap not counted in n_next
                 gap_t[n_gaps] = prev_end if last == step_index - 1 else run_t[k]
                 gap_req[n_gaps] = run[k, RUN_REQ] if run[k, RUN_RISK] else -1
                 n_gaps += 1
-        run[k, RUN_LAST] = step_index
-        run[k, RUN_EMIT] = emitted
-        if emitted == 1 or emitted == run[k, RUN_OUT]:
-            events[n_events] = k
-            n_events += 1
-            if emitted == run[k, RUN_OUT] and first_done < 0:
-                first_done = k
-    elif last == step_index - 1:  # no token now: the row keeps the time of the one before
-        run_t[k] = prev_end
+            run[k, RUN_LAST] = step_index
+            run[k, RUN_EMIT] = emitted
+            if emitted == 1 or emitted == run[k, RUN_OUT]:
+                events[n_events] = k
+                n_events += 1
+                if emitted == run[k, RUN_OUT] and first_done < 0:
+                    first_done = k
+        else:
+            partial_rows += 1
+            if last == step_index - 1:  # no token now: the row keeps the time of the one before
+                run_t[k] = prev_end
+    active = hi - lo - idle_rows
+    decode_seqs = active - prefill_rows
+    sampled = active - partial_rows
+    n_next = sampled - first_tokens - n_gaps
     return prefill_tokens, decode_seqs, attn_work, cached, sampled, first_done, n_next, n_gaps, n_events
-
-
-@njit(cache=True, _nrt=False)
-def _run_scheduled(run, run_t, lo, hi, step_index, prev_end, tok_times, gap_t, gap_req, events, sums):
-    """Step 3: one pass over the rows ``[lo, hi)`` (:func:`_run_row`), adding to ``sums`` (``NO_SUMS`` for none)."""
-    for k in range(lo, hi):
-        sums = _run_row(run, run_t, k, step_index, prev_end, tok_times, gap_t, gap_req, events, sums)
-    return sums
 
 
 @njit(cache=True, _nrt=False)
 def _settle_last(run, run_t, lo, hi, step_index, prev_end, tok_times):
     """Rows in ``[lo, hi)`` that emitted in the step before ``step_index`` (which ended at ``prev_end``) but take
-    no part in this one learn when their last token came, and write its time (:func:`_run_row` does it for the
-    others).
+    no part in this one learn when their last token came, and write its time (:func:`_run_scheduled` does it for
+    the others).
 
     Only Orca's prefill-only steps leave such rows out. Under ``chunked`` a row that emitted in one step is
     scheduled in the next (the rows before it ask for no more tokens than they did: decodes stay at one, chunks
@@ -446,37 +444,57 @@ def _count_gaps(itl, totals, gap_t, gap_req, n_gaps, end_s, risky):
 
 
 @njit(cache=True, _nrt=False)
+def _move_rows(run, run_t, dst, src, count):
+    """Rows ``[src, src + count)`` of the running table move up to ``[dst, ...)``, ``dst`` <= ``src``, in order.
+
+    One forward copy over the table's memory, indexed unsigned (a signed index pays numba's negative-index wrap on
+    every element), which the compiler can vectorise; row by row and column by column it was a tenth of the loop.
+    """
+    if dst == src or count == 0:
+        return
+    flat = run.reshape(run.shape[0] * RUN_COLUMNS)
+    d = np.uint64(dst * RUN_COLUMNS)
+    s = np.uint64(src * RUN_COLUMNS)
+    for x in range(np.uint64(count * RUN_COLUMNS)):
+        flat[d + x] = flat[s + x]
+    for x in range(count):
+        run_t[dst + x] = run_t[src + x]
+
+
+@njit(cache=True, _nrt=False)
 def _release_finished(st, run, run_t, req, first, step_index, hold, end_s, slot_times, pool, seat_blocks):
     """Requests that produced their whole output leave the running table and free their blocks; the others keep
     their order. With ``hold`` (async scheduling) the ones that finished in step ``step_index`` stay one step
     more. A closed-loop client whose request finished in this step may send again from ``end_s``. Rows before
     ``first`` are neither finished nor held. Returns the first row still held (a large number: none)."""
-    j = first
+    j = first  # rows kept so far end here
+    seg = first  # rows [seg, i) stay, not moved yet
     held = 0
     first_held = 1 << 62
-    for i in range(first, st[ST_RUNNING]):
-        r = run[i, RUN_REQ]
-        done = run[i, RUN_EMIT] == run[i, RUN_OUT]
-        just_done = done and run[i, RUN_LAST] == step_index
+    n_running = st[ST_RUNNING]
+    for i in range(first, n_running):
+        if run[i, RUN_EMIT] != run[i, RUN_OUT]:
+            continue
+        just_done = run[i, RUN_LAST] == step_index
         if just_done:
             _free_slot(st, slot_times, end_s)
-        if done and not (hold and just_done):
-            req[r, REQ_EMITTED] = run[i, RUN_EMIT]
-            if pool.shape[0] > 1:
-                kv.release(st, pool, seat_blocks, run[i, RUN_SEAT], run[i, RUN_BLOCKS])
-            else:
-                st[ST_FREE_BLOCKS] += run[i, RUN_BLOCKS]
-            st[ST_FINISHED] += 1
+        if hold and just_done:  # stays one step more
+            if held == 0:
+                first_held = j + i - seg
+            held += 1
             continue
-        if done and j < first_held:
-            first_held = j
-        held += done
-        if j != i:
-            for col in range(RUN_COLUMNS):
-                run[j, col] = run[i, col]
-            run_t[j] = run_t[i]
-        j += 1
-    st[ST_RUNNING] = j
+        r = run[i, RUN_REQ]
+        req[r, REQ_EMITTED] = run[i, RUN_EMIT]
+        if pool.shape[0] > 1:
+            kv.release(st, pool, seat_blocks, run[i, RUN_SEAT], run[i, RUN_BLOCKS])
+        else:
+            st[ST_FREE_BLOCKS] += run[i, RUN_BLOCKS]
+        st[ST_FINISHED] += 1
+        _move_rows(run, run_t, j, seg, i - seg)
+        j += i - seg
+        seg = i + 1
+    _move_rows(run, run_t, j, seg, n_running - seg)
+    st[ST_RUNNING] = j + n_running - seg
     st[ST_PENDING] = held
     return first_held
 
