@@ -20,13 +20,14 @@ from .gaps import add_gaps
 from .iterations import (_account_tokens, _admit_waiting, _admit_whole_prompts, _count_gaps, _record_scheduled,
                          _release_finished, _run_scheduled, _schedule_running, _send_and_queue, _settle_last,
                          _settle_risky, _stamp_events)
-from .layout import (CLOCK_BUSY, CLOCK_LAST_START, CLOCK_NOW, CLOCK_PREV_END, KIND_PREEMPT, N_CLOCK, N_STATE,
+from .layout import (CLOCK_BUSY, CLOCK_LAST_START, CLOCK_NOW, CLOCK_PREV_END, CONFIG_RECORD, CONFIG_RECORD_STEPS,
+                     ENGINE_RUN, ENGINE_STATE, KIND_PREEMPT, N_CLOCK, N_STATE,
                      REQ_LAST_STEP, REQ_OUTPUT, REQ_PROMPT, REQ_RISK, RULE_ASYNC, RULE_CHUNKING, RULE_PREFIX_CACHE,
                      RULE_THRESHOLD_ALONE, RUN_COLUMNS, SCHED_COLUMNS, ST_FINISHED, ST_FIRST_HELD, ST_FREE_BLOCKS,
                      ST_CACHED_BLOCKS, ST_NEXT, ST_PENDING, ST_RUNNING, ST_SCHED, ST_SEATS, ST_STEPS, ST_WAIT_LEN,
-                     STATUS_OK, STATUS_PAUSED,
+                     STATUS_FULL, STATUS_OK, STATUS_PAUSED,
                      STATUS_STUCK, STEP_COLUMNS, TIME_SEEN, TOTAL_BUSY_S, TOTAL_SEQ_STEPS, TOTAL_STEPS)
-from .records import blocks_for, record_sched, record_step
+from .records import blocks_for, grow, write_sched, write_step
 
 
 @njit(cache=True)
@@ -89,7 +90,36 @@ def advance(engine, steps, sched, risky, live, req, times, tok_times, prefix_ids
     join its waiting queue. Returns (status, steps, sched, risky): ``STATUS_PAUSED`` when the next plan is at
     or after ``until_s``, or the engine is idle with every request of ``live`` finished (more may be appended);
     ``STATUS_OK`` when every request finished and ``until_s`` is infinite; ``STATUS_STUCK`` on a bug.
+
+    The iterations run in :func:`_run_until`, which writes the records in place and stops, as at a pause, when
+    one has no room for another iteration; they are grown here and the loop resumes. An array reassigned inside
+    the loop (a record grown where it fills) cost reference counting on every iteration, taken or not.
     """
+    rows = engine[ENGINE_RUN].shape[0]
+    record, record_steps = config[CONFIG_RECORD], config[CONFIG_RECORD_STEPS]
+    while True:
+        status = _run_until(engine, steps, sched, risky, live, req, times, tok_times, prefix_ids, config, until_s)
+        if status != STATUS_FULL:
+            return status, steps, sched, risky
+        st = engine[ENGINE_STATE]
+        steps = grow(steps, st[ST_STEPS] + 1 if record_steps else 1)
+        sched = grow(sched, st[ST_SCHED] + 3 * rows if record else 1)
+        risky = grow(risky, int(risky[0, 0]) + rows + 1)
+
+
+@njit(cache=True, _nrt=False)
+def _room(st, steps, sched, risky, rows, record, record_steps):
+    """The records can take one more iteration: a step row, a schedule row for each victim and two for each row
+    scheduled (at most ``rows`` of each), and a held-back gap for each row."""
+    return ((not record_steps or st[ST_STEPS] < steps.shape[0])
+            and (not record or st[ST_SCHED] + 3 * rows <= sched.shape[0])
+            and risky[0, 0] + rows + 1 <= risky.shape[0])
+
+
+@njit(cache=True)
+def _run_until(engine, steps, sched, risky, live, req, times, tok_times, prefix_ids, config, until_s):
+    """:func:`advance`'s loop; returns its status, or ``STATUS_FULL`` when a record has no room for one more
+    iteration (the engine's state then is that of a pause: nothing of the next iteration has happened)."""
     (st, clock, run, run_t, gap_t, gap_req, events, wait, skipped, victims, slot_times, pool, seat_blocks, hit_slots,
      frontend, done_log, itl, totals) = engine
     (coef, chunked, rules, max_num_seqs, budget, threshold, prefill_only_steps, usable_blocks, block_size, record,
@@ -102,7 +132,11 @@ def advance(engine, steps, sched, risky, live, req, times, tok_times, prefix_ids
     busy = clock[CLOCK_BUSY] > 0  # a step has just run, so async scheduling planned this one when that step started
     first_held = st[ST_FIRST_HELD]  # the first row async scheduling still holds after it finished
     status = STATUS_OK
+    rows = run.shape[0]
     while st[ST_FINISHED] < n_live:
+        if not _room(st, steps, sched, risky, rows, record, record_steps):
+            status = STATUS_FULL
+            break
         view_s = last_start if asynchronous and busy else now
         if view_s >= until_s:
             status = STATUS_PAUSED
@@ -142,9 +176,8 @@ def advance(engine, steps, sched, risky, live, req, times, tok_times, prefix_ids
                     hi = st[ST_RUNNING]
             lo = 0
         if record:
-            # Recorded after the pass: reassigning an array inside the hot loop costs refcounting.
             for k in range(n_victims):
-                sched = record_sched(sched, st[ST_SCHED], st[ST_STEPS], victims[k], 0, KIND_PREEMPT)
+                write_sched(sched, st[ST_SCHED], st[ST_STEPS], victims[k], 0, KIND_PREEMPT)
                 st[ST_SCHED] += 1
         if n_scheduled == 0:
             if asynchronous and busy:
@@ -159,7 +192,7 @@ def advance(engine, steps, sched, risky, live, req, times, tok_times, prefix_ids
             status = STATUS_STUCK
             break
         if record:
-            sched = _record_scheduled(sched, st, run, lo, hi)
+            _record_scheduled(sched, st, run, lo, hi)
         step = st[ST_STEPS]
         if lo > 0:  # Orca's prefill-only step leaves the decoders out
             _settle_last(run, run_t, 0, lo, step, prev_end, tok_times)
@@ -168,8 +201,8 @@ def advance(engine, steps, sched, risky, live, req, times, tok_times, prefix_ids
         dur, _g, _a, _c, _e, _l, _u, flops, nbytes, bound = step_cost(
             coef, decode_seqs + prefill_tokens, attn_work, cached, sampled, n_scheduled, asynchronous)
         if record_steps:
-            steps = record_step(steps, step, now, dur, prefill_tokens, decode_seqs, st[ST_RUNNING],
-                                usable_blocks - st[ST_FREE_BLOCKS], bound, flops, nbytes, st[ST_CACHED_BLOCKS])
+            write_step(steps, step, now, dur, prefill_tokens, decode_seqs, st[ST_RUNNING],
+                       usable_blocks - st[ST_FREE_BLOCKS], bound, flops, nbytes, st[ST_CACHED_BLOCKS])
         st[ST_STEPS] += 1
         totals[TOTAL_BUSY_S] += dur
         totals[TOTAL_SEQ_STEPS] += st[ST_RUNNING]
@@ -179,7 +212,7 @@ def advance(engine, steps, sched, risky, live, req, times, tok_times, prefix_ids
         if n_next > 0:
             add_gaps(itl, totals, now - prev_end, n_next)
         if n_gaps > 0:
-            risky = _count_gaps(itl, totals, gap_t, gap_req, n_gaps, now, risky)
+            _count_gaps(itl, totals, gap_t, gap_req, n_gaps, now, risky)
         _stamp_events(st, run, events, n_events, now, times, done_log, tok_times)
         prev_end = now
         if first_done >= 0 or st[ST_PENDING] > 0:
@@ -193,7 +226,7 @@ def advance(engine, steps, sched, risky, live, req, times, tok_times, prefix_ids
     clock[CLOCK_PREV_END] = prev_end
     clock[CLOCK_BUSY] = 1.0 if busy else 0.0
     st[ST_FIRST_HELD] = first_held
-    return status, steps, sched, risky
+    return status
 
 
 @njit(cache=True)
@@ -243,7 +276,7 @@ def run_iterations(live, req, times, tok_times, coef, chunked, rules, max_num_se
     steps, sched, risky = new_records(record_steps, record)
     status, steps, sched, risky = advance(engine, steps, sched, risky, live, req, times, tok_times, prefix_ids, config,
                                           np.inf)
-    st = engine[0]
+    st = engine[ENGINE_STATE]
     if status != STATUS_OK:
         return STATUS_STUCK, steps[:0], sched[:st[ST_SCHED]]
     steps, sched = finish_engine(st, steps, sched, risky, live, req, record_steps, itl, totals)

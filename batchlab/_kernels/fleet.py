@@ -20,10 +20,11 @@ from numba.typed import List
 from . import kvcache as kv
 from .engine import advance, finish_engine, new_engine, new_records, next_plan_s, prepare_requests
 from .entry import _tables, _token_offsets, clear_unemitted, reject_up_front
-from .layout import (ENGINE_CLOCK, ENGINE_DONE_LOG, ENGINE_POOL, ENGINE_STATE, ITL_BINS, N_TOTALS, REQ_EMITTED,
-                     REQ_OUTPUT, REQ_PRELOADED, REQ_PROMPT, ROUTE_LEAST_OUTSTANDING, ROUTE_PREFIX, ROUTE_ROUND_ROBIN,
-                     RULE_CHUNKING, RULE_PREFIX_CACHE, SCHED_COLUMNS, ST_DONE, ST_FINISHED, STATUS_OK, STATUS_STUCK,
-                     STEP_COLUMNS, TIME_ARRIVAL, TIME_FIRST, TIME_LAST, TIME_SEEN,
+from .layout import (CONFIG_BLOCK_SIZE, CONFIG_CHUNKED, CONFIG_MAX_BLOCKS, CONFIG_PREFIX_TOKENS, CONFIG_RECORD_STEPS,
+                     CONFIG_RULES, ENGINE_CLOCK, ENGINE_DONE_LOG, ENGINE_ITL, ENGINE_POOL, ENGINE_STATE, ENGINE_TOTALS,
+                     ITL_BINS, N_TOTALS, REQ_EMITTED, REQ_OUTPUT, REQ_PRELOADED, REQ_PROMPT, ROUTE_LEAST_OUTSTANDING,
+                     ROUTE_PREFIX, ROUTE_ROUND_ROBIN, RULE_CHUNKING, RULE_PREFIX_CACHE, SCHED_COLUMNS, ST_DONE,
+                     ST_FINISHED, STATUS_OK, STATUS_STUCK, STEP_COLUMNS, TIME_ARRIVAL, TIME_FIRST, TIME_LAST, TIME_SEEN,
                      TIME_SENT)
 
 
@@ -67,7 +68,7 @@ def _advance_to(engines, records, lives, counts, next_plan, lo, hi, req, times, 
         records[i] = (steps, sched, risky)
         if status == STATUS_STUCK:
             return False
-        chunked, rules = config[1], config[2]
+        chunked, rules = config[CONFIG_CHUNKED], config[CONFIG_RULES]
         next_plan[i] = next_plan_s(engines[i][ENGINE_STATE], engines[i][ENGINE_CLOCK], live, times, chunked, rules)
     return True
 
@@ -93,8 +94,8 @@ def _run_fleet(engines, records, live, req, times, req_d, times_d, tok_times, pr
     n = req.shape[0]
     disagg = n_front < n_engines
     arrival = times[:, TIME_ARRIVAL]
-    block_size, prefix_tokens = config[8], config[10]
-    max_blocks, max_blocks_d = config[12], config_d[12]
+    block_size, prefix_tokens = config[CONFIG_BLOCK_SIZE], config[CONFIG_PREFIX_TOKENS]
+    max_blocks, max_blocks_d = config[CONFIG_MAX_BLOCKS], config_d[CONFIG_MAX_BLOCKS]
     lives = np.empty((n_engines, n), np.int64)
     counts = np.zeros(n_engines, np.int64)
     next_plan = np.full(n_engines, np.inf)
@@ -153,8 +154,8 @@ def _run_fleet(engines, records, live, req, times, req_d, times_d, tok_times, pr
                                               prefix_ids, config if front else config_d, np.inf)
         if status != STATUS_OK:
             return STATUS_STUCK
-        steps, sched = finish_engine(engine[ENGINE_STATE], steps, sched, risky, live_i, t_req, config[11],
-                                     engine[16], engine[17])
+        steps, sched = finish_engine(engine[ENGINE_STATE], steps, sched, risky, live_i, t_req,
+                                     config[CONFIG_RECORD_STEPS], engine[ENGINE_ITL], engine[ENGINE_TOTALS])
         records[i] = (steps, sched, risky)
     return STATUS_OK
 

@@ -25,7 +25,7 @@ from .layout import (KIND_CACHED, KIND_DECODE, KIND_PREFILL, REJECT_RECOMPUTE, R
                      ST_WAIT_HEAD, ST_WAIT_LEN, TIME_ARRIVAL, TIME_FINISH, TIME_FIRST, TIME_LAST, TIME_RELEASE,
                      TIME_SCHED, TIME_SEEN, TIME_SENT)
 from .gaps import add_gaps
-from .records import blocks_for, grow, record_sched
+from .records import blocks_for, write_sched
 
 
 @njit(cache=True, _nrt=False)
@@ -427,20 +427,18 @@ def _stamp_events(st, run, events, n_events, end_s, times, done_log, tok_times):
             st[ST_DONE] += 1
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _count_gaps(itl, totals, gap_t, gap_req, n_gaps, end_s, risky):
     """The gaps of step ending at ``end_s`` that did not follow the step before, into the histogram or, for a
-    request that may yet be rejected, into ``risky`` (request, gap) until the run ends. Returns ``risky``."""
+    request that may yet be rejected, into ``risky`` (request, gap) until the run ends (it has room for them)."""
     for m in range(n_gaps):
         if gap_req[m] < 0:
             add_gaps(itl, totals, end_s - gap_t[m], 1.0)
         else:
             n_risky = int(risky[0, 0])
-            risky = grow(risky, n_risky + 2)
             risky[n_risky + 1, 0] = gap_req[m]
             risky[n_risky + 1, 1] = end_s - gap_t[m]
             risky[0, 0] = n_risky + 1
-    return risky
 
 
 @njit(cache=True, _nrt=False)
@@ -526,16 +524,16 @@ def _account_tokens(live, req):
             req[r, REQ_COMPUTED] = req[r, REQ_LOST]
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _record_scheduled(sched, st, run, lo, hi):
-    """One schedule row per row scheduled in this iteration (and one for the prefix hits of a new admission)."""
+    """One schedule row per row scheduled in this iteration (and one for the prefix hits of a new admission), at
+    most two a row: ``sched`` has room for them."""
     for k in range(lo, hi):
         if run[k, RUN_TOK] == 0:
             continue
         if run[k, RUN_HIT] > 0 and run[k, RUN_COMP] == run[k, RUN_HIT]:  # admitted now, with prefix hits
-            sched = record_sched(sched, st[ST_SCHED], st[ST_STEPS], run[k, RUN_REQ], run[k, RUN_HIT], KIND_CACHED)
+            write_sched(sched, st[ST_SCHED], st[ST_STEPS], run[k, RUN_REQ], run[k, RUN_HIT], KIND_CACHED)
             st[ST_SCHED] += 1
-        sched = record_sched(sched, st[ST_SCHED], st[ST_STEPS], run[k, RUN_REQ], run[k, RUN_TOK],
-                             KIND_DECODE if _is_decode(run, k) else KIND_PREFILL)
+        write_sched(sched, st[ST_SCHED], st[ST_STEPS], run[k, RUN_REQ], run[k, RUN_TOK],
+                    KIND_DECODE if _is_decode(run, k) else KIND_PREFILL)
         st[ST_SCHED] += 1
-    return sched

@@ -50,6 +50,7 @@ KIND_NAMES = ("prefill", "decode", "preempt", "cached")  # cached: tokens an adm
 REJECT_KV, REJECT_BUDGET, REJECT_RECOMPUTE, REJECT_MODEL_LEN = 1, 2, 3, 4
 
 STATUS_OK, STATUS_STUCK, STATUS_PAUSED = 0, 1, 2  # paused: the next plan is at or after the time asked for
+STATUS_FULL = 3  # a record has no room for one more iteration: engine.advance grows it and resumes (never returned)
 
 # -- the chunked policy's rules, as bit flags of one integer argument ------------------------------------------
 RULE_CHUNKING = 1  # enable_chunked_prefill
@@ -126,4 +127,9 @@ POOL_HEADER = 3
 # -- several engines (fleet.py) -----------------------------------------------------------------------------------
 ROUTERS = ("round_robin", "least_outstanding", "prefix_aware")
 ROUTE_ROUND_ROBIN, ROUTE_LEAST_OUTSTANDING, ROUTE_PREFIX = range(3)
-ENGINE_STATE, ENGINE_CLOCK, ENGINE_POOL, ENGINE_DONE_LOG = 0, 1, 11, 15  # fields of an engine tuple (engine.py)
+# Fields of an engine tuple (engine.new_engine) and of a loop's configuration tuple (engine.run_iterations).
+ENGINE_STATE, ENGINE_CLOCK, ENGINE_RUN, ENGINE_POOL, ENGINE_DONE_LOG = 0, 1, 2, 11, 15
+ENGINE_ITL, ENGINE_TOTALS = 16, 17
+(CONFIG_COEF, CONFIG_CHUNKED, CONFIG_RULES, CONFIG_MAX_NUM_SEQS, CONFIG_BUDGET, CONFIG_THRESHOLD,
+ CONFIG_PREFILL_ONLY_STEPS, CONFIG_USABLE_BLOCKS, CONFIG_BLOCK_SIZE, CONFIG_RECORD, CONFIG_PREFIX_TOKENS,
+ CONFIG_RECORD_STEPS, CONFIG_MAX_BLOCKS) = range(13)

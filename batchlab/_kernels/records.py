@@ -28,7 +28,17 @@ def blocks_for(tokens, block_size):
 @njit(cache=True)
 def record_step(steps, n_steps, start, dur, prefill_tokens, decode_seqs, running, kv_used, bound, flops, nbytes,
                 kv_cached):
+    """Row ``n_steps`` of ``steps``, grown if need be; returns the record (:func:`write_step` writes in place)."""
     steps = grow(steps, n_steps + 1)
+    write_step(steps, n_steps, start, dur, prefill_tokens, decode_seqs, running, kv_used, bound, flops, nbytes,
+               kv_cached)
+    return steps
+
+
+@njit(cache=True, _nrt=False)
+def write_step(steps, n_steps, start, dur, prefill_tokens, decode_seqs, running, kv_used, bound, flops, nbytes,
+               kv_cached):
+    """Row ``n_steps`` of ``steps``, which has room for it."""
     steps[n_steps, STEP_START] = start
     steps[n_steps, STEP_DURATION] = dur
     steps[n_steps, STEP_PREFILL_TOKENS] = prefill_tokens
@@ -39,14 +49,20 @@ def record_step(steps, n_steps, start, dur, prefill_tokens, decode_seqs, running
     steps[n_steps, STEP_FLOPS] = flops
     steps[n_steps, STEP_HBM_BYTES] = nbytes
     steps[n_steps, STEP_KV_CACHED] = kv_cached
-    return steps
 
 
 @njit(cache=True)
 def record_sched(sched, n_sched, step, req, tokens, kind):
+    """Row ``n_sched`` of ``sched``, grown if need be; returns the record (:func:`write_sched` writes in place)."""
     sched = grow(sched, n_sched + 1)
+    write_sched(sched, n_sched, step, req, tokens, kind)
+    return sched
+
+
+@njit(cache=True, _nrt=False)
+def write_sched(sched, n_sched, step, req, tokens, kind):
+    """Row ``n_sched`` of ``sched``, which has room for it."""
     sched[n_sched, SCHED_STEP] = step
     sched[n_sched, SCHED_REQUEST] = req
     sched[n_sched, SCHED_TOKENS] = tokens
     sched[n_sched, SCHED_KIND] = kind
-    return sched
