@@ -174,3 +174,32 @@ def test_api_server_spreads_a_burst(cost8b):
     assert first_step == pytest.approx(0.01 + 0.02, rel=1e-12)  # the first request is through after 10 ms + 20 ms
     ttft = res.requests["ttft_s"].to_numpy()
     assert (np.diff(ttft) >= 0).all() and ttft[-1] > ttft[0]
+
+
+@pytest.mark.parametrize("knobs", [
+    {"max_num_seqs": 64, "max_num_batched_tokens": 512},
+    # Chunking off with a small pool: preemptions whose recomputation may not fit, so gaps are held back.
+    {"max_num_seqs": 64, "max_num_batched_tokens": 8192, "max_model_len": 8192, "enable_chunked_prefill": False,
+     "num_kv_blocks": 900},
+], ids=["chunked", "unchunked-small-pool"])
+def test_records_that_outgrow_their_first_room_keep_every_row(cost8b, knobs):
+    """The loop writes its records in place and stops to grow them when one has no room for an iteration
+    (engine.advance): a run of several thousand iterations and schedule rows, past the first 1,024 of each,
+    keeps every one, each consistent with the others."""
+    reqs = bl.synthetic(400, 600, 200, prompt_cv=1.0, output_cv=1.0, rate_req_s=50.0, seed=3)
+    res = bl.simulate(reqs, "chunked", cost8b, record_schedule=True, **knobs)
+    steps, sched = res.steps, res.schedule
+    assert len(steps) == res.n_steps > 1024 and len(sched) > 3 * 1024
+    np.testing.assert_array_equal(np.unique(sched.step), np.arange(res.n_steps))  # every iteration schedules
+    ran = sched[sched.kind.isin(["prefill", "decode"])].groupby("step")
+    np.testing.assert_array_equal(ran.tokens.sum().to_numpy(), steps.prefill_tokens + steps.decode_seqs)
+    np.testing.assert_array_equal(ran.kind.apply(lambda k: (k == "decode").sum()).to_numpy(), steps.decode_seqs)
+    ends = (steps.start_s + steps.duration_s).to_numpy()
+    assert np.all(np.diff(steps.start_s) > 0) and np.all(steps.start_s.to_numpy()[1:] >= ends[:-1])
+    served = np.flatnonzero(res.requests.reject_reason.isna().to_numpy())
+    tokens = res.token_times
+    for r in served:  # every token is the end of an iteration, the last one the request's finish
+        assert np.isin(tokens[r], ends).all() and np.all(np.diff(tokens[r]) >= 0)
+        assert tokens[r][-1] == res.requests.finish_s.iloc[r]
+    if not knobs.get("enable_chunked_prefill", True):
+        assert (sched.kind == "preempt").any()
