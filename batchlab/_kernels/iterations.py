@@ -3,11 +3,12 @@
 The steps of one iteration (DESIGN sections 4 and 4c) are the helpers below: ``_send_and_queue`` (clients
 send, requests join the waiting queue), ``_schedule_running`` (chunked step 1: running requests first,
 preempting the last one when blocks run out), ``_admit_waiting`` (chunked step 2), ``_admit_whole_prompts``
-(Orca's admission), ``_run_scheduled`` (step 3: the iteration's aggregates and the tokens it emits) and
-``_release_finished``; after the loop, ``_stamp_times`` and ``_account_tokens``. vLLM 0.33's rules are switched
-by the bits of ``rules`` (``layout.RULE_*``); with none of them set the loop is the first version's, bit for bit.
-Helpers are called only when they have work, since every array argument of a call costs a little. The loop that
-calls them, resumable for several engines, is in :mod:`.engine`.
+(Orca's admission), ``_run_scheduled`` (step 3: the iteration's aggregates and the tokens it emits), once the
+step is timed ``_stamp_events`` and ``_count_gaps``, and ``_release_finished``; after the loop, ``_settle_risky``
+and ``_account_tokens``. vLLM 0.33's rules are switched by the bits of ``rules`` (``layout.RULE_*``); with none
+of them set the loop is the first version's, bit for bit. Helpers are called only when they have work, since every
+array argument of a call costs a little. The loop that calls them, resumable for several engines, is in
+:mod:`.engine`.
 """
 from __future__ import annotations
 
