@@ -101,19 +101,23 @@ def advance(engine, steps, sched, risky, live, req, times, tok_times, prefix_ids
         status = _run_until(engine, steps, sched, risky, live, req, times, tok_times, prefix_ids, config, until_s)
         if status != STATUS_FULL:
             return status, steps, sched, risky
-        st = engine[ENGINE_STATE]
-        steps = grow(steps, st[ST_STEPS] + 1 if record_steps else 1)
-        sched = grow(sched, st[ST_SCHED] + 3 * rows if record else 1)
-        risky = grow(risky, int(risky[0, 0]) + rows + 1)
+        need_steps, need_sched, need_risky = _rows_needed(engine[ENGINE_STATE], risky, rows, record, record_steps)
+        steps, sched, risky = grow(steps, need_steps), grow(sched, need_sched), grow(risky, need_risky)
+
+
+@njit(cache=True, _nrt=False)
+def _rows_needed(st, risky, rows, record, record_steps):
+    """Rows each record needs to take one more iteration: a step row, a schedule row for each victim and two for
+    each row scheduled (at most ``rows`` of each), and a held-back gap for each row (after ``risky``'s count)."""
+    return (st[ST_STEPS] + 1 if record_steps else 1, st[ST_SCHED] + 3 * rows if record else 1,
+            int(risky[0, 0]) + rows + 1)
 
 
 @njit(cache=True, _nrt=False)
 def _room(st, steps, sched, risky, rows, record, record_steps):
-    """The records can take one more iteration: a step row, a schedule row for each victim and two for each row
-    scheduled (at most ``rows`` of each), and a held-back gap for each row."""
-    return ((not record_steps or st[ST_STEPS] < steps.shape[0])
-            and (not record or st[ST_SCHED] + 3 * rows <= sched.shape[0])
-            and risky[0, 0] + rows + 1 <= risky.shape[0])
+    """The records can take one more iteration (:func:`_rows_needed`)."""
+    need_steps, need_sched, need_risky = _rows_needed(st, risky, rows, record, record_steps)
+    return need_steps <= steps.shape[0] and need_sched <= sched.shape[0] and need_risky <= risky.shape[0]
 
 
 @njit(cache=True)

@@ -36,6 +36,15 @@ def _is_decode(run, k):
 
 
 @njit(cache=True, _nrt=False)
+def _write_last_token(tok_times, run, k, t):
+    """Row ``k``'s latest token came at ``t``: into the token record, if there is one. Each token is written
+    once, when its time is first known: at the row's next pass (it came at the end of the step before), at its
+    stamp if it is the request's last, or when the row is preempted or left out of a step first."""
+    if tok_times.shape[0] > 0:
+        tok_times[run[k, RUN_TOKPOS] - 1] = t
+
+
+@njit(cache=True, _nrt=False)
 def _admit(run, run_t, i, r, req, times, blocks, tokens, computed, seat):
     """Fill row ``i`` of the running table with request ``r``, ``computed`` tokens already in its cache."""
     run[i, RUN_REQ] = r
@@ -112,8 +121,8 @@ def _preempt_last(st, run, run_t, wait, req, times, pool, seat_blocks, prefix_id
     req[victim, REQ_EMITTED] = run[v, RUN_EMIT]
     req[victim, REQ_LAST_STEP] = run[v, RUN_LAST]
     times[victim, TIME_LAST] = prev_end if run[v, RUN_LAST] == step_index - 1 else run_t[v]
-    if run[v, RUN_LAST] == step_index - 1 and tok_times.shape[0] > 0:
-        tok_times[run[v, RUN_TOKPOS] - 1] = prev_end
+    if run[v, RUN_LAST] == step_index - 1:
+        _write_last_token(tok_times, run, v, prev_end)
     if run[v, RUN_EMIT] == run[v, RUN_OUT]:
         st[ST_FINISHED] += 1
         st[ST_PENDING] -= 1
@@ -319,13 +328,11 @@ def _run_scheduled(run, run_t, lo, hi, step_index, prev_end, tok_times, gap_t, g
 
     A request that has computed every token it knows samples the next one; a row scheduled for no tokens
     (finished, held by async scheduling) is passed over. An emission is marked with the step's index
-    (``RUN_LAST``); rows whose first or last token it is go to ``events``, stamped once the step is timed. With a
-    token record (``tok_times`` not empty) a token's time is written when it is first known to have come: a
-    request's last token by :func:`_stamp_events`, any other at the row's next pass, which finds it came at
-    ``prev_end``, or when the row is preempted first (:func:`_preempt_last`), so each is written once, in the
-    cache lines the row is writing anyway. The gap an emission closes is counted in ``n_next`` if the row's
-    last token came in the step just before (which ended at ``prev_end``), else the time of that token goes to
-    ``gap_t`` (with the request in ``gap_req`` if it may yet be rejected, else -1). ``run_t[k]`` is when row
+    (``RUN_LAST``); rows whose first or last token it is go to ``events``, stamped once the step is timed. A
+    token's time goes into the token record when it is first known (:func:`_write_last_token`). The gap an
+    emission closes is counted in ``n_next`` if the row's last token came in the step just before (which ended at
+    ``prev_end``), else the time of that token goes to ``gap_t`` (with the request in ``gap_req`` if it may yet be
+    rejected, else -1). ``run_t[k]`` is when row
     ``k``'s last token came, read only when that token came before the step just before (``RUN_LAST`` <
     ``step_index - 1``; otherwise it is ``prev_end``): a row that emits in consecutive steps never writes it, and
     one that emitted in the step before but emits nothing now writes it here (or in :func:`_settle_last`).
@@ -344,7 +351,7 @@ def _run_scheduled(run, run_t, lo, hi, step_index, prev_end, tok_times, gap_t, g
     first_done = -1
     n_gaps = 0
     n_events = 0
-    record_tokens = tok_times.shape[0] > 0
+    record_tokens = tok_times.shape[0] > 0  # tested first on every row: the common row has no token to write
     for k in range(lo, hi):
         last = run[k, RUN_LAST]
         c = run[k, RUN_TOK]
@@ -354,7 +361,7 @@ def _run_scheduled(run, run_t, lo, hi, step_index, prev_end, tok_times, gap_t, g
                 run_t[k] = prev_end
             continue
         if record_tokens and last == step_index - 1:  # the row's token of the step before came at prev_end
-            tok_times[run[k, RUN_TOKPOS] - 1] = prev_end
+            _write_last_token(tok_times, run, k, prev_end)
         p = run[k, RUN_COMP]
         known = run[k, RUN_PROMPT] + run[k, RUN_EMIT]
         cached += p
@@ -405,8 +412,7 @@ def _settle_last(run, run_t, lo, hi, step_index, prev_end, tok_times):
     for k in range(lo, hi):
         if run[k, RUN_LAST] == step_index - 1:
             run_t[k] = prev_end
-            if tok_times.shape[0] > 0:
-                tok_times[run[k, RUN_TOKPOS] - 1] = prev_end
+            _write_last_token(tok_times, run, k, prev_end)
 
 
 @njit(cache=True, _nrt=False)
@@ -422,8 +428,7 @@ def _stamp_events(st, run, events, n_events, end_s, times, done_log, tok_times):
         if run[k, RUN_EMIT] == run[k, RUN_OUT]:
             times[r, TIME_FINISH] = end_s
             times[r, TIME_RELEASE] = end_s
-            if tok_times.shape[0] > 0:
-                tok_times[run[k, RUN_TOKPOS] - 1] = end_s
+            _write_last_token(tok_times, run, k, end_s)
             done_log[st[ST_DONE]] = r
             st[ST_DONE] += 1
 
