@@ -364,7 +364,7 @@ class CostModel:
         """Batch (sequences) where a decode step's GEMM math equals its weight streaming.
 
         eta_c F b_w / (2 eta_m BW): 295.3 for BF16 weights on an H100 SXM at 100 % of peak, for any model size.
-        Used in chapters 04, 09 and 11.
+        Used in chapters 04, 12 and 14.
         """
         b_w = BYTES_PER_ELEMENT[self.dtype]
         return self.eta_compute * self.peak_flops * b_w / (2 * self.eta_memory * self.hardware.hbm_bytes_per_s)
@@ -393,7 +393,7 @@ class CostModel:
         Decode step time rises monotonically with the batch, so this is where the cost model puts a given
         inter-token cadence. Raises ``ValueError`` if even one sequence, or ``max_batch``, misses it by more
         than one step's increment (the cadence is then out of this model's reach on this GPU). Used in
-        chapters 09 and 11.
+        chapters 12 and 14.
         """
         batch = np.arange(1, max_batch + 1)
         step = self.decode_step_time(batch, context)

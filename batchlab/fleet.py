@@ -3,7 +3,7 @@
 :func:`simulate_fleet` runs ``n_replicas`` copies of one vLLM engine (policy ``chunked``, vLLM 0.33's rules) behind
 a router; :func:`simulate_disaggregated` runs prefill instances and decode instances with the KV cache of each
 finished prompt sent between them. Both run every engine's jitted loop together, in time order
-(:mod:`batchlab._kernels.fleet`), and return a :class:`FleetResult`. Used in chapter 14 (one engine or two kinds).
+(:mod:`batchlab._kernels.fleet`), and return a :class:`FleetResult`. Used in chapter 11 (one engine or two kinds).
 """
 from __future__ import annotations
 

@@ -51,7 +51,7 @@ def seats_for(cost, max_num_batched_tokens: int) -> int:
 
     vLLM refuses to start when ``max_num_batched_tokens < max_num_seqs`` (its ``SchedulerConfig`` wants at least
     one token per running sequence), so a budget below the default 1,024 seats of an H100 needs the seats lowered
-    with it. Used in chapters 05, 06, 07, 09 and 11.
+    with it. Used in chapters 05, 06, 07, 12 and 14.
 
     Parameters
     ----------

@@ -91,7 +91,7 @@ def sweep(requests, grid, cost, *, policy: str = "chunked", executor=None, progr
     progress : bool, default True
         Show a tqdm progress bar (works in JupyterLab too) for sweeps of more than a few configurations.
     slo : batchlab.SLO, optional
-        Adds each run's ``request_goodput`` (req/s) and ``slo_met`` under it (``summary(slo=slo)``, chapter 12);
+        Adds each run's ``request_goodput`` (req/s) and ``slo_met`` under it (``summary(slo=slo)``, chapter 09);
         without it the rows are exactly ``summary()``.
     **fixed_knobs
         Knobs applied to every configuration.
@@ -180,7 +180,7 @@ def tolerant_front(df: pd.DataFrame, x: str = "output_throughput", y: str = "p99
     exact Pareto dominance (:func:`is_dominated`); a positive tolerance also removes rows that are
     ahead only by the drain tail of a finite run. Of rows with identical (x, y), only the first is kept, so
     the frontier names the configuration that comes first in grid order (the smallest ``max_num_seqs``).
-    Every row kept is non-dominated in the exact sense. Used in chapters 08 and 09.
+    Every row kept is non-dominated in the exact sense. Used in chapters 08 and 12.
 
     Parameters
     ----------
@@ -209,7 +209,7 @@ def with_frontier(df: pd.DataFrame, x: str = "output_throughput", y: str = "p99_
     """``df`` with a boolean ``frontier`` column: :func:`tolerant_front` over the configurations vLLM accepts.
 
     Rows with ``vllm_refuses`` are never on the frontier and never push another row off it.
-    Used in chapters 08 and 09.
+    Used in chapters 08 and 12.
 
     Parameters
     ----------
@@ -232,7 +232,7 @@ def seqs_plateau(df: pd.DataFrame, y: str = "p99_ttft_ms", tol: float = 0.05) ->
     """Per rate and token budget, the smallest ``max_num_seqs`` whose ``y`` is within ``tol`` of the best one.
 
     Where raising the concurrency cap stops paying: every larger cap improves ``y`` by less than ``tol``
-    (a fraction) over this one. Used in chapters 08 and 09.
+    (a fraction) over this one. Used in chapters 08 and 12.
 
     Parameters
     ----------
@@ -267,7 +267,7 @@ def default_vs_best(df: pd.DataFrame, defaults: dict, x: str = "output_throughpu
     configurations vLLM refuses are left out. The best is the one with the lowest ``y``; with ``y_rel_tol`` > 0
     and a ``then`` column, it is the one with the lowest ``then`` among those whose ``y`` is within
     ``y_rel_tol`` of the lowest (as good a p99 TTFT, then the lowest p99 ITL: reading two latencies). Ties go
-    to the first in grid order. Used in chapters 08 and 09.
+    to the first in grid order. Used in chapters 08 and 12.
 
     Parameters
     ----------

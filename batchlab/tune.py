@@ -13,7 +13,7 @@ ways, and the book keeps them apart:
 time scaling of the given arrivals); :func:`tune` searches ``max_num_seqs`` x ``max_num_batched_tokens`` (and
 optionally ``long_prefill_token_threshold``) for the largest goodput, beside vLLM's defaults, and among settings
 whose goodputs tie (within ``goodput_rel_tol``) takes the one with the most SLO headroom (:meth:`SLO.load`, the
-``slo_load``). Used in chapter 12 (``notebooks/12_tuning.ipynb``) and by ``python -m batchlab tune``.
+``slo_load``). Used in chapter 09 (``notebooks/09_tuning.ipynb``) and by ``python -m batchlab tune``.
 """
 from __future__ import annotations
 

@@ -246,7 +246,7 @@ def grid_labels(frame: pd.DataFrame, grid: str, shown: str, fmt: str = "{:,}") -
 
     For a grid that encodes a reader's value (``log2_tokens`` for ``max_num_batched_tokens``, ``context_index``
     for ``context``), so a control shows ``"2,048"`` rather than ``11``. Raises ``ValueError`` if one grid value
-    maps to several shown values. Used by the charts of chapters 04, 06, 07, 08 and 11.
+    maps to several shown values. Used by the charts of chapters 04, 06, 07, 08 and 14.
     """
     pairs = frame[[grid, shown]].drop_duplicates()
     if pairs[grid].duplicated().any():

@@ -8,7 +8,7 @@ The trace is read from ``--data-dir``, else ``$BATCHLAB_DATA_DIR``, else ``../sh
 ``batchlab.replay`` (which checks its SHA-256 against the public original's). One row per request, in arrival
 order (layout in data/README.md): ``arrival_ms``, ``prompt_tokens``, ``output_tokens`` and ``hash_id_runs``, the
 request's ``hash_ids`` written as runs of consecutive integers (``0 14-27``). Nothing is dropped: the book's
-chapter 13 replays the whole trace offline from this file.
+chapter 10 replays the whole trace offline from this file.
 """
 from __future__ import annotations
 

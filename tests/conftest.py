@@ -34,7 +34,7 @@ def engine8b(h100):
 
 @pytest.fixture(scope="session")
 def cost70b_fp8(h100):
-    """Llama-3-70B with FP8 weights on one H100 SXM: the article's large model (chapters 05, 11)."""
+    """Llama-3-70B with FP8 weights on one H100 SXM: the article's large model (chapters 05, 14)."""
     import batchlab as bl
     return bl.CostModel(h100, bl.get_model("llama-3-70b"), dtype="fp8")
 

@@ -1,7 +1,7 @@
 """The calibration of ``data/calibration.csv`` before the InferenceX re-fit (commit f1f6c84).
 
 Tests whose exact numbers were worked out with it (the golden summaries, the tuner's constructed tie) pin it, so a
-later re-fit of the shipped calibration does not move them; a re-fit is checked in chapter 10 and tests/calibrate.
+later re-fit of the shipped calibration does not move them; a re-fit is checked in chapter 13 and tests/calibrate.
 """
 from __future__ import annotations
 

@@ -54,10 +54,10 @@ RADIO_PAGES = {
     "notebooks/06_chunked_prefill": 1,  # token budget (and a chunking checkbox)
     "notebooks/07_piggybacking": 1,  # token budget of the split chart
     "notebooks/08_two_knobs": 3,  # max_num_seqs, max_num_batched_tokens and the request rate
-    "notebooks/11_fact_check": 1,
-    "notebooks/12_tuning": 3,  # workload, SLO (in ms) and load of the goodput map
-    "notebooks/13_prefix_caching": 2,  # workload and KV pool (in GiB) of the hit-rate chart
-    "notebooks/14_disaggregation": 2,  # workload and SLO (TTFT and TPOT bounds in ms) of the goodput chart
+    "notebooks/14_fact_check": 1,
+    "notebooks/09_tuning": 3,  # workload, SLO (in ms) and load of the goodput map
+    "notebooks/10_prefix_caching": 2,  # workload and KV pool (in GiB) of the hit-rate chart
+    "notebooks/11_disaggregation": 2,  # workload and SLO (TTFT and TPOT bounds in ms) of the goodput chart
 }
 
 
@@ -395,7 +395,7 @@ def test_every_bound_radio_group_redraws_its_chart(visit):
 SELECT_PAGES = {
     "notebooks/03_continuous_batching": 1,  # the highlighted request (none, or request 0, 1, ...)
     "notebooks/05_prefill_spike": 2,  # model and scheduler order
-    "notebooks/10_validation": 1,
+    "notebooks/13_validation": 1,
 }
 
 

@@ -226,7 +226,7 @@ def test_vllm_defaults_depend_on_the_gpu_not_the_model():
     assert bl.vllm_defaults(bl.get_hardware("a100-80gb")) == {"max_num_seqs": 256, "max_num_batched_tokens": 2048}
 
 
-def test_batch_for_step_time_is_the_closest_batch(cost8b):  # chapter 11, claim 4
+def test_batch_for_step_time_is_the_closest_batch(cost8b):  # chapter 14, claim 4
     b = cost8b.batch_for_step_time(0.020, 2048)
     step = [cost8b.decode_step_time(x, 2048) for x in (b - 1, b, b + 1)]
     assert abs(step[1] - 0.020) <= min(abs(step[0] - 0.020), abs(step[2] - 0.020))

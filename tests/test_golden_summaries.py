@@ -18,7 +18,7 @@ the serving terms against the plain-Python reference.
 
 The cost model here is pinned (:data:`PINNED`: the calibrated terms the file was last written with), so a
 later re-fit of ``data/calibration.csv`` does not move these numbers: the file pins the scheduler and the step-cost
-formulas, and a re-fit is checked where it belongs (chapter 10, ``tests/calibrate``).
+formulas, and a re-fit is checked where it belongs (chapter 13, ``tests/calibrate``).
 
 Since issue 12 ``summary()`` reads ITL from a histogram the loop fills as it runs; the summaries pinned here are
 computed from every token's time (``SimResult.summary_from_tokens``), so the schedules stay pinned bit for bit,

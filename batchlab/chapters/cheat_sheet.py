@@ -1,4 +1,4 @@
-"""Chapter 09, cheat sheet: each symptom, the knob that treats it, and the number that backs it.
+"""Chapter 12, cheat sheet: each symptom, the knob that treats it, and the number that backs it.
 
 :func:`measure` reruns, with the same parameters, the calls the chapters named in each row make, and returns
 every number the sheet quotes; :func:`cheat_sheet` turns them into the table, one row per symptom, and
@@ -18,7 +18,7 @@ from . import dynamic_batching, fact_check, piggybacking, prefill_spike, scenes,
 
 
 class Setup(NamedTuple):
-    """The chapters' parameters the sheet reruns with (chapter 09's ``parameters`` cell sets them)."""
+    """The chapters' parameters the sheet reruns with (chapter 12's ``parameters`` cell sets them)."""
 
     gpu: str = "h100-sxm"
     model: str = "llama-3-8b"  # BF16
@@ -58,7 +58,7 @@ def _policies(cost, s: Setup) -> dict:
 
 
 def _roofline(cost, big, s: Setup) -> dict:
-    """Chapters 04, 05 and 11: knees, batch-1 floors, the 8k prefill, the spike and the 70B gap."""
+    """Chapters 04, 05 and 14: knees, batch-1 floors, the 8k prefill, the spike and the 70B gap."""
     ideal, n = cost.ideal(), scenes.PROMPT_TOKENS
     return {"ridge": ideal.knee(0), "knees": {c: ideal.knee(c) for c in s.contexts},
             "floor_ms": ideal.decode_step_time(1, 0) * 1e3, "floor_cal_ms": cost.decode_step_time(1, 0) * 1e3,
@@ -95,7 +95,7 @@ def _knobs(cost, hw, s: Setup, decoders: int) -> dict:
 
 def measure(setup: Setup | None = None) -> dict:
     """Every number the cheat sheet quotes, by name (see :func:`cheat_sheet`), with ``setup`` (default:
-    :class:`Setup`'s, the chapters' own parameters). Used in chapter 09."""
+    :class:`Setup`'s, the chapters' own parameters). Used in chapter 12."""
     setup = setup or Setup()
     hw = get_hardware(setup.gpu)
     cost = CostModel(hw, get_model(setup.model))  # calibrated efficiencies
@@ -169,7 +169,7 @@ def cheat_sheet(m: dict) -> pd.DataFrame:
 
 
 def styled(sheet: pd.DataFrame):
-    """The sheet as the page shows it: left-aligned, top-aligned, no index. Used in chapter 09."""
+    """The sheet as the page shows it: left-aligned, top-aligned, no index. Used in chapter 12."""
     return (sheet.style.hide(axis="index").set_uuid("cheat-sheet")
             .set_properties(**{"text-align": "left", "vertical-align": "top", "padding": "0.3em 0.5em"})
             .set_table_styles([{"selector": "th", "props": "text-align: left; border-bottom: 2px solid #888"}]))

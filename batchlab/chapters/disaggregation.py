@@ -1,4 +1,4 @@
-"""Chapter 14, one engine or two kinds of engine: replicas behind a router, and prefill split from decode.
+"""Chapter 11, one engine or two kinds of engine: replicas behind a router, and prefill split from decode.
 
 For a fixed number of GPUs, the request rate each configuration sustains with 90 % of requests inside a TTFT and a
 TPOT bound (goodput, as DistServe defines it), per GPU, on three workloads and three SLOs; the KV transfer a split
@@ -90,7 +90,7 @@ def goodput_grid(cost, rates: dict, n_gpus: int = 4, duration_s: float = 30.0, s
     (at least 300 requests), so a queue that grows at a rate too high for the configuration has time to show.
 
     ``executor``: any ``concurrent.futures.Executor`` (a process pool, or Dask's ``client.get_executor()``); its
-    ``map`` runs the grid. None runs it here. Used in chapter 14.
+    ``map`` runs the grid. None runs it here. Used in chapter 11.
     """
     jobs = [(cost, name, c_name, c, n_gpus, float(rate), max(300, int(rate * duration_s)), seed, tuple(slos))
             for name in rates for (c_name, c) in configs(n_gpus).items() for rate in rates[name]]
@@ -102,7 +102,7 @@ def goodput_table(grid: pd.DataFrame, n_gpus: int = 4, slos=SLOS) -> pd.DataFram
     """Per workload, SLO and configuration: the goodput, the rate at which the share of requests inside the SLO
     falls to :data:`ATTAINMENT` (interpolated in log rate between the last grid rate at or above it, counting up
     from the lowest, and the next; 0 if the lowest rate misses it; ``capped`` if the highest still meets it), and
-    that rate per GPU. Used in chapter 14."""
+    that rate per GPU. Used in chapter 11."""
     rows = []
     for (name, config), runs in grid.groupby(["workload", "config"], sort=False):
         runs = runs.sort_values("rate_req_s")
@@ -132,7 +132,7 @@ def winners(table: pd.DataFrame, tolerance: float = TIE_TOLERANCE) -> pd.DataFra
     """Per workload and SLO: the best colocated and the best split goodput per GPU, and which kind wins: ``split``
     or ``colocated`` when its best beats the other's by more than ``tolerance`` (a share), else ``tie`` (the rate
     grid and the calibrated step times are not finer than that). ``winner`` names the winning configuration. Used
-    in chapter 14."""
+    in chapter 11."""
     rows = []
     for (name, k), cell in table.groupby(["workload", "slo"], sort=False):
         colo = cell[cell["config"].str.startswith("colocated")]
@@ -152,7 +152,7 @@ def winners(table: pd.DataFrame, tolerance: float = TIE_TOLERANCE) -> pd.DataFra
 
 def goodput_chart(table: pd.DataFrame, workload_name: str | None = None, slo: int = 1):
     """Goodput per GPU of every configuration, for the workload and the SLO picked with radio buttons (the SLO
-    labelled by its bounds in ms). Used in chapter 14."""
+    labelled by its bounds in ms). Used in chapter 11."""
     names = list(dict.fromkeys(table["workload"]))
     order = list(dict.fromkeys(table["config"]))
     by_slo = table.drop_duplicates("slo").sort_values("slo")
@@ -182,7 +182,7 @@ def latency_at(grid: pd.DataFrame, name: str, rate: float) -> pd.DataFrame:
 
 def transfer_table(cost, prompt_tokens=(256, 2048, 8192)) -> pd.DataFrame:
     """KV bytes and transfer time over NVLink and over a network link for a few prompt lengths, beside the
-    prompt's prefill time alone on the GPU (:meth:`batchlab.CostModel.prefill_time`). Used in chapter 14."""
+    prompt's prefill time alone on the GPU (:meth:`batchlab.CostModel.prefill_time`). Used in chapter 11."""
     rows = []
     for p in prompt_tokens:
         kv_bytes, nvlink_s = bl.transfer_times(cost, [p], "nvlink")
@@ -202,7 +202,7 @@ def transfer_display(table: pd.DataFrame):
 def routing_table(cost, workloads: dict, n_replicas: int, routers=ROUTERS, **knobs) -> pd.DataFrame:
     """Each router over ``n_replicas`` replicas on each workload (name -> :class:`batchlab.Requests`): the fleet's
     prefix-cache hit rate, median and P99 TTFT, P99 TPOT and the spread of requests across replicas (largest
-    share / fair share). Used in chapter 14."""
+    share / fair share). Used in chapter 11."""
     rows = []
     for name, requests in workloads.items():
         for router in routers:

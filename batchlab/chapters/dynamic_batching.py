@@ -78,7 +78,7 @@ def policy_grid(cost, workload: str, n_requests: int, rates_req_s, *, batch_size
     same arrival pattern, compressed or stretched in time (common random numbers), so the rates differ only
     by load. Iteration-level policies run with vLLM's default ``max_num_seqs`` and ``max_num_batched_tokens``
     for the GPU (:func:`batchlab.vllm_defaults`); a rate of ``inf`` puts every request at time 0, which
-    measures a policy's saturation throughput as ``vllm bench throughput`` does. Used in chapters 02 and 09.
+    measures a policy's saturation throughput as ``vllm bench throughput`` does. Used in chapters 02 and 12.
 
     Parameters
     ----------

@@ -1,4 +1,4 @@
-"""Chapter 11, fact check: the article's quantitative claims, each recomputed from the cost model, vLLM's
+"""Chapter 14, fact check: the article's quantitative claims, each recomputed from the cost model, vLLM's
 defaults or the simulator.
 
 :func:`prefill_gap` and :func:`implied_mfu` price the unchunked long prefill (claim 5),
@@ -22,8 +22,8 @@ def prefill_gap(cost, prompt_tokens: int, decoders: int = 0, context: int = 0, a
     """The one iteration that prefills a whole ``prompt_tokens`` prompt beside ``decoders`` decodes at ``context``.
 
     ``context`` is each decoder's cached tokens, as in the shared scene's admitting iteration. The engine is the
-    synchronous one the scene runs (its CPU work all on the step) unless ``asynchronous``. Used in chapters 09
-    and 11.
+    synchronous one the scene runs (its CPU work all on the step) unless ``asynchronous``. Used in chapters 12
+    and 14.
 
     Returns
     -------
@@ -40,7 +40,7 @@ def prefill_gap(cost, prompt_tokens: int, decoders: int = 0, context: int = 0, a
 def prefill_arithmetic(cost, prompt_tokens: int) -> dict:
     """The shortest a whole-prompt prefill can take on ``cost``'s GPU, term by term (the pure roofline).
 
-    Used in chapters 05 and 11. The GEMMs do 2 P' N FLOPs (every parameter a token multiplies, the embedding
+    Used in chapters 05 and 14. The GEMMs do 2 P' N FLOPs (every parameter a token multiplies, the embedding
     table and LM head aside), causal attention adds the rest of the step's FLOPs but the LM head's, which runs on
     the one row that samples and is charged by streaming its weights.
 
@@ -63,7 +63,7 @@ def prefill_arithmetic(cost, prompt_tokens: int) -> dict:
 def implied_mfu(cost, prompt_tokens: int, gap_s: float, decoders: int = 0, context: int = 0) -> float:
     """The model FLOPs utilisation at which that prefill step would take exactly ``gap_s`` seconds.
 
-    Used in chapters 09 and 11.
+    Used in chapters 12 and 14.
     """
     return prefill_gap(cost, prompt_tokens, decoders, context)["flops"] / (gap_s * cost.peak_flops)
 
@@ -71,7 +71,7 @@ def implied_mfu(cost, prompt_tokens: int, gap_s: float, decoders: int = 0, conte
 def max_num_seqs_table(hardware_list, models, tp: int = 1) -> pd.DataFrame:
     """vLLM's default ``max_num_seqs`` for each GPU and model, beside the article's size rule.
 
-    Used in chapter 11.
+    Used in chapter 14.
 
     The article says 1,024 for small models and 256 for large ones; vLLM decides from the GPU alone
     (:func:`batchlab.vllm_defaults`). One row per (GPU, model): ``gpu``, ``hbm_gib`` (memory the driver
@@ -97,7 +97,7 @@ def chunking_tradeoff(cost, max_num_batched_tokens, **scene) -> pd.DataFrame:
 
     Every budget replays :mod:`batchlab.chapters.scenes`' scene (by default the 20 ms batch of decoders at
     2,048 tokens of KV cache, one 8,000-token prompt arriving) through the ``chunked`` policy. Used in
-    chapters 09 and 11.
+    chapters 12 and 14.
 
     Parameters
     ----------
@@ -123,7 +123,7 @@ def chunking_tradeoff(cost, max_num_batched_tokens, **scene) -> pd.DataFrame:
 def tradeoff_chart(trade: pd.DataFrame, width: int = 420, height: int = 260):
     """The newcomer's TTFT against the decoders' tallest gap, one point per token budget.
 
-    Used in chapter 11.
+    Used in chapter 14.
 
     Parameters
     ----------
@@ -168,7 +168,7 @@ VERDICT_COLOURS = {"holds": "#d9f0d3", "holds under stated conditions": "#fff2cc
 
 def styled_verdicts(table: pd.DataFrame):
     """The claim table of :func:`batchlab.chapters.verdicts.claim_table` as the page shows it: numbered claims,
-    readable headers, the verdict cell coloured by its category. Used in chapter 11.
+    readable headers, the verdict cell coloured by its category. Used in chapter 14.
 
     Returns a pandas Styler with the columns ``claim``, ``the article says``, ``about`` (model and GPU),
     ``verdict`` and ``computed here``.
@@ -185,7 +185,7 @@ def styled_verdicts(table: pd.DataFrame):
 
 def defaults_view(defaults: pd.DataFrame):
     """:func:`max_num_seqs_table` as the page shows it (a ``Styler``): the GPU and model by name, memory and size
-    to one decimal, vLLM's ``max_num_seqs`` beside the article's rule and whether they agree. Used in chapter 11
+    to one decimal, vLLM's ``max_num_seqs`` beside the article's rule and whether they agree. Used in chapter 14
     (the token budgets are chapter 08's table)."""
     shown = defaults.assign(gpu=defaults["gpu"].map(lambda g: viz.GPU_NAMES.get(g, g)),
                             model=defaults["model"].map(lambda m: viz.MODEL_NAMES.get(m, m)),

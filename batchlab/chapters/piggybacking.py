@@ -36,7 +36,7 @@ def within_context(cost, requests):
     A prompt is kept if it is shorter than ``max_model_len`` (vLLM's default: the model's context), and its output
     is clipped to the room the prompt leaves, as vLLM clips ``max_tokens``. vLLM rejects a longer prompt;
     ``continuous`` (Orca, vLLM V0) knows no context limit and would serve it, so a comparison of the policies
-    gives all of them this stream and they do the same work. Used in chapters 07 and 09.
+    gives all of them this stream and they do the same work. Used in chapters 07 and 12.
 
     Parameters
     ----------
@@ -175,7 +175,7 @@ def mixing_comparison(cost, workload: str, n_requests: int, rates_req_s, *, max_
     lengths are drawn before arrivals), so runs differ only by their arrival rate and policy. Every policy gets
     the requests that fit the model's context (:func:`within_context`): vLLM rejects the others and the
     ``continuous`` policies, which know no context limit, would otherwise do more work. Used in chapters 07
-    and 09.
+    and 12.
 
     Parameters
     ----------

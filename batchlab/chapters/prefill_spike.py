@@ -22,7 +22,7 @@ SPIKE_ORDERS = {"mixed step (Orca)": False, "prefill-only step (vLLM V0)": True}
 
 
 class Spike(NamedTuple):
-    """One prefill-spike run, from :func:`prefill_spike`. Used in chapters 05 and 09."""
+    """One prefill-spike run, from :func:`prefill_spike`. Used in chapters 05 and 12."""
 
     itl: pd.DataFrame  # scenes.decoder_gaps: time_s since the long prompt arrived, itl_s, sequences
     behind: pd.DataFrame  # short requests: arrival_s (after the long prompt's), ttft_s with, ttft_baseline_s without
@@ -35,7 +35,7 @@ def prefill_spike(cost, *, n_decoders: int | None = None, context: int = scenes.
                   prompt_tokens: int = scenes.PROMPT_TOKENS, n_behind: int = 6, behind_tokens: int = 256,
                   prefill_only_steps: bool = False, lead_s: float = 0.2, tail_steps: int = 40, seed=0,
                   **knobs) -> Spike:
-    """The shared scene with the long prompt joining unchunked (policy ``continuous``). Used in chapters 05 and 09.
+    """The shared scene with the long prompt joining unchunked (policy ``continuous``). Used in chapters 05 and 12.
 
     ``n_behind`` short requests arrive at times drawn uniformly within ``cost.prefill_time(prompt_tokens)``
     after the long prompt; the engine sees each of them, as the long prompt, ``cost.request_latency_s`` after

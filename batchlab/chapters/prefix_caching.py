@@ -1,4 +1,4 @@
-"""Chapter 13, prefix caching: how much a prompt's cached prefix saves, and how much KV pool it takes to keep it.
+"""Chapter 10, prefix caching: how much a prompt's cached prefix saves, and how much KV pool it takes to keep it.
 
 Three workloads carry prefix block ids (``Requests.prefix_blocks``): Mooncake's conversation trace (its
 ``hash_ids``, 512 tokens each; read offline from ``data/mooncake_conversation_prefix.csv.gz`` by
@@ -71,7 +71,7 @@ def mooncake_requests(speedup: float = 1.0, limit: int | None = None, path=None)
 
     The same stream as ``batchlab.replay("mooncake-conversation", speedup, limit)`` (a test checks it against the
     raw file): arrivals in seconds (recorded every 3 s or so, so requests come in groups), prompt and output
-    tokens, and one hash id per 512-token block of the prompt. Used in chapter 13.
+    tokens, and one hash id per 512-token block of the prompt. Used in chapter 10.
     """
     with gzip.open(path or DATA_DIR / MOONCAKE_FILE, "rb") as fh:
         df = pd.read_csv(io.BytesIO(fh.read()), keep_default_na=False)
@@ -90,7 +90,7 @@ def cached_bound(requests: Requests, block_size: int = 16, answers_cached: bool 
     Request i hits the longest run of its prefix ids, from the first, that earlier requests filled, in whole
     ``block_size`` blocks and never its last token (vLLM recomputes it). An earlier request fills the ids inside
     its prompt; with ``answers_cached`` also those its output fills. It assumes each request's prompt is computed
-    before the next arrives, so it bounds what a replay finds. Used in chapter 13 and its tests.
+    before the next arrives, so it bounds what a replay finds. Used in chapter 10 and its tests.
     """
     ids, off, per_id = requests.prefix_ids, requests.prefix_offsets, requests.prefix_block_tokens
     seen: set[int] = set()
@@ -112,7 +112,7 @@ def reuse_gaps(requests: Requests, min_ids: int = 2) -> pd.DataFrame:
     ``gap_s`` is the time between their arrivals (s), ``tokens_between`` the prompt and output tokens of the
     requests sent in between (the traffic that an LRU pool must hold besides, for the prefix to survive), and
     ``reused_tokens`` the prompt tokens the request could find cached. Mooncake's first block is shared by
-    every request, hence ``min_ids=2`` there. Used in chapter 13.
+    every request, hence ``min_ids=2`` there. Used in chapter 10.
     """
     ids, off = requests.prefix_ids, requests.prefix_offsets
     sent = np.cumsum(requests.prompt_tokens + requests.output_tokens)
@@ -131,7 +131,7 @@ def reuse_gaps(requests: Requests, min_ids: int = 2) -> pd.DataFrame:
 
 # -- the sweep -------------------------------------------------------------------------------------------------
 def pool_blocks(cost, pool_gib: float, block_size: int = 16) -> int:
-    """``num_kv_blocks`` for a KV pool of ``pool_gib`` GiB (vLLM's null block added). Used in chapter 13."""
+    """``num_kv_blocks`` for a KV pool of ``pool_gib`` GiB (vLLM's null block added). Used in chapter 10."""
     return int(pool_gib * GIB // (block_size * cost.kv_bytes_per_token)) + 1
 
 
@@ -147,7 +147,7 @@ def run_summary(requests: Requests, cost, **knobs) -> dict:
 def pool_sweep(cost, workloads: dict, pools_gib, caching=(True, False), **knobs) -> pd.DataFrame:
     """Every workload at every KV pool size, prefix caching on and off.
 
-    Used in chapter 13.
+    Used in chapter 10.
 
     Parameters
     ----------
@@ -187,7 +187,7 @@ def pool_sweep(cost, workloads: dict, pools_gib, caching=(True, False), **knobs)
 def gain_table(sweep: pd.DataFrame):
     """Per workload at one pool: hit rate, TTFT (p50, p99) and GPU busy share with caching on and off.
 
-    ``sweep`` holds one pool per workload (:func:`pool_sweep` with one pool). Used in chapter 13.
+    ``sweep`` holds one pool per workload (:func:`pool_sweep` with one pool). Used in chapter 10.
     """
     on = sweep[sweep["caching"]].set_index("workload")
     off = sweep[~sweep["caching"]].set_index("workload").loc[on.index]
@@ -208,7 +208,7 @@ def gain_table(sweep: pd.DataFrame):
 def preemption_table(sweep: pd.DataFrame, workload: str, pools_gib):
     """One workload at the given pools: hit rate, preemptions, tokens recomputed and P99 TTFT, caching on and off.
 
-    Used in chapter 13.
+    Used in chapter 10.
     """
     w = sweep[(sweep["workload"] == workload) & ~sweep["default_pool"]]
     w = w[np.isin(w["pool_gib"].round(6), np.round(pools_gib, 6))]
@@ -226,7 +226,7 @@ def preemption_table(sweep: pd.DataFrame, workload: str, pools_gib):
 
 def throughput_table(runs: pd.DataFrame):
     """Closed-loop runs (:func:`pool_sweep` with ``max_concurrency``) per workload: request and token throughput
-    with caching off and on, and their ratio. Used in chapter 13."""
+    with caching off and on, and their ratio. Used in chapter 10."""
     on = runs[runs["caching"]].set_index("workload")
     off = runs[~runs["caching"]].set_index("workload").loc[on.index]
     df = pd.DataFrame({"workload": on.index, "hit": on["prefix_cache_hit_rate"].to_numpy(),
@@ -243,7 +243,7 @@ def throughput_table(runs: pd.DataFrame):
 
 def workload_table(workloads: dict, block_size: int = 16) -> pd.DataFrame:
     """Per workload: requests, mean arrival rate, mean prompt and output tokens, and :func:`cached_bound` (prompt
-    blocks only, and with answers cached). Used in chapter 13."""
+    blocks only, and with answers cached). Used in chapter 10."""
     rows = []
     for name, r in workloads.items():
         span = float(r.arrival_s[-1] - r.arrival_s[0])
@@ -254,7 +254,7 @@ def workload_table(workloads: dict, block_size: int = 16) -> pd.DataFrame:
 
 
 def workload_display(table: pd.DataFrame):
-    """:func:`workload_table` for the page. Used in chapter 13."""
+    """:func:`workload_table` for the page. Used in chapter 10."""
     return viz.display_table(table, {
         "workload": ("workload", "{}"), "n_requests": ("requests", "{:,d}"), "rate_req_s": ("rate (req/s)", "{:.2f}"),
         "prompt_tokens": ("mean prompt (tokens)", "{:,.0f}"), "output_tokens": ("mean output (tokens)", "{:,.0f}"),
@@ -271,7 +271,7 @@ def pool_chart(sweep: pd.DataFrame, default_pool_gib: float, workload: str | Non
                pool_gib: float | None = None):
     """Hit rate against KV pool size for every workload, and TTFT with caching on and off at the chosen one.
 
-    Used in chapter 13.
+    Used in chapter 10.
 
     Parameters
     ----------
@@ -348,7 +348,7 @@ def _ttft_bars(grid, at_pool):
 def budget_sweep(cost, requests: Requests, max_num_batched_tokens, caching=(True, False), **knobs) -> pd.DataFrame:
     """One workload at each token budget, prefix caching on and off: TTFT and the decoders' P99 ITL.
 
-    Used in chapter 13. Returns one row per run: ``caching``, ``max_num_batched_tokens``, ``log2_tokens`` and
+    Used in chapter 10. Returns one row per run: ``caching``, ``max_num_batched_tokens``, ``log2_tokens`` and
     :data:`RUN_KEYS` (ITL percentiles from the streaming summary, ``record_tokens=False``).
     """
     rows = [{"caching": bool(on), "max_num_batched_tokens": int(b), "log2_tokens": float(np.log2(b)),
@@ -359,7 +359,7 @@ def budget_sweep(cost, requests: Requests, max_num_batched_tokens, caching=(True
 
 def budget_chart(points: pd.DataFrame):
     """Chapter 06's trade on a loaded server: P99 ITL against P99 TTFT, one line per caching setting, one point per
-    budget (labelled in tokens). Used in chapter 13."""
+    budget (labelled in tokens). Used in chapter 10."""
     df = points.assign(cache=np.where(points["caching"], "caching on", "caching off"))
     # Budgets whose points coincide on the chart (within 1 % on both axes) share one label ("2,048 to 8,192").
     df["_x"], df["_y"] = np.round(np.log10(df["p99_ttft_ms"]) * 230), np.round(np.log10(df["p99_itl_ms"]) * 230)

@@ -1,8 +1,8 @@
-"""The scene chapters 05, 06, 09 and 11 share: a batch decoding at a long context, then one long prompt arrives.
+"""The scene chapters 05, 06, 12 and 14 share: a batch decoding at a long context, then one long prompt arrives.
 
 A batch of decoders is running, each with ``CONTEXT`` tokens of KV cache, when one ``PROMPT_TOKENS``-token
 prompt (the newcomer) arrives. Chapter 05 runs it unchunked (the prefill spike), chapter 06 under each token
-budget (the hyperbola), chapter 11 checks the article's 20 ms cadence and 400 ms gap on it, and chapter 09
+budget (the hyperbola), chapter 14 checks the article's 20 ms cadence and 400 ms gap on it, and chapter 12
 quotes all three. Every chapter builds the scene here, with these defaults, so a number one chapter quotes for
 it is the number the others quote.
 
@@ -55,7 +55,7 @@ def default_decoders(cost, context: int = CONTEXT, cadence_s: float = CADENCE_S)
     The step is the synchronous engine's, which the scene runs under every policy: it pays all of its CPU work,
     as a cost model with ``cpu_hidden_fraction`` 0 charges it. 135 sequences for Llama-3-8B BF16 on an H100 SXM
     at 2,048 tokens and 20 ms (calibrated); raises ``ValueError`` where no batch reaches the cadence
-    (:meth:`batchlab.CostModel.batch_for_step_time`). Used in chapters 05, 06, 09 and 11.
+    (:meth:`batchlab.CostModel.batch_for_step_time`). Used in chapters 05, 06, 12 and 14.
     """
     return cost.replace(cpu_hidden_fraction=0.0).batch_for_step_time(cadence_s, context)
 
@@ -65,7 +65,7 @@ def stream(arrival_s: float, *, n_decoders: int, decoder_output_tokens: int, pro
            newcomer: bool = True) -> Requests:
     """The scene's requests: decoders at time 0, the newcomer at ``arrival_s``, short requests at ``behind_s``.
 
-    Used in chapters 05, 06 and 11 (through :func:`run`).
+    Used in chapters 05, 06 and 14 (through :func:`run`).
 
     Parameters
     ----------
@@ -136,7 +136,7 @@ def run(cost, policy: str = "chunked", *, n_decoders: int | None = None, context
     earlier (the module docstring's two clocks). The decoders stand for requests that have been running for a
     while, so they all join the first iteration together: the API server's per-token time
     (``frontend_s_per_token``), which would spread a burst of them over a few milliseconds, is left out of the
-    scene; every other term of ``cost`` is kept. Used in chapters 05, 06, 09 and 11.
+    scene; every other term of ``cost`` is kept. Used in chapters 05, 06, 12 and 14.
 
     Parameters
     ----------
@@ -204,7 +204,7 @@ def run(cost, policy: str = "chunked", *, n_decoders: int | None = None, context
 def measures(res, seen_s: float, n_decoders: int) -> dict:
     """What the decoders and the newcomer (request ``n_decoders``) saw in one run of the scene.
 
-    ``seen_s`` is when the engine saw the newcomer (:attr:`SceneRun.seen_s`). Used in chapters 05, 06, 09 and 11
+    ``seen_s`` is when the engine saw the newcomer (:attr:`SceneRun.seen_s`). Used in chapters 05, 06, 12 and 14
     (through :func:`run`).
 
     Returns
@@ -271,7 +271,7 @@ def decoder_gaps(scene: SceneRun, before_s: float | None = None, after_s: float 
 def budget_sweep(cost, max_num_batched_tokens, **scene) -> list[SceneRun]:
     """The scene under ``policy="chunked"`` at each token budget, in the order given.
 
-    Used in chapters 06, 09 and 11.
+    Used in chapters 06, 12 and 14.
 
     Parameters
     ----------

@@ -77,7 +77,7 @@ def static_padding_sweep(cost, output_cvs, *, n_requests: int = 512, batch_size:
     Every stream has the same prompt length (so prompt padding is zero and all padding is decode tail) and
     lognormal outputs of mean ``output_mean`` and coefficient of variation ``cv``. The same ``seed`` is used
     for every CV, so the streams differ only by their spread (common random numbers). Used in chapters 01
-    and 09.
+    and 12.
 
     Parameters
     ----------

@@ -1,4 +1,4 @@
-"""Chapter 12, tuning for your traffic: the knobs with the largest goodput under an SLO, beside vLLM's defaults.
+"""Chapter 09, tuning for your traffic: the knobs with the largest goodput under an SLO, beside vLLM's defaults.
 
 :func:`tuning_grid` runs :func:`batchlab.tune` for every workload, SLO and load of the chapter and keeps, per
 combination, the whole knob grid (:data:`GRID_COLUMNS`) and one line for the tuner's pick and vLLM's default
@@ -44,7 +44,7 @@ def slo_label(slo: SLO) -> str:
 def slo_readings(res, specs) -> pd.DataFrame:
     """One run read under several SLOs: throughput, goodput, requests that missed a bound, p99s, SLO held.
 
-    Used in chapter 12, to show that goodput (each request against every bound) and a p99 SLO (the tail of each
+    Used in chapter 09, to show that goodput (each request against every bound) and a p99 SLO (the tail of each
     latency against its bound) are different tests.
 
     Parameters
@@ -70,7 +70,7 @@ def slo_readings(res, specs) -> pd.DataFrame:
 
 
 def slo_readings_table(readings: pd.DataFrame, slo_names: dict):
-    """:func:`slo_readings` formatted, the SLO by its bounds in ms. Used in chapter 12."""
+    """:func:`slo_readings` formatted, the SLO by its bounds in ms. Used in chapter 09."""
     shown = readings.assign(slo=readings["slo"].map(slo_names),
                             slo_met=readings["slo_met"].map({True: "yes", False: "no"}))
     rate, ms = "{:.2f}".format, "{:,.0f}".format
@@ -86,7 +86,7 @@ def tuning_grid(cost, workloads, slos, loads, n_requests: int, *, seed=0, execut
     """:func:`batchlab.tune` at every workload, SLO and load: the knob grid and the best against the default.
 
     Each workload is ``preset(workload, n_requests, rate_req_s=load * trace rate, seed=seed)``: with one seed the
-    lengths and the shape of the arrivals are the same at every load. Used in chapter 12.
+    lengths and the shape of the arrivals are the same at every load. Used in chapter 09.
 
     Parameters
     ----------
@@ -162,7 +162,7 @@ def headroom(cost, picks: pd.DataFrame, n_requests: int, *, seed=0, rel_tol: flo
     """The largest request rate the best setting and vLLM's default sustain under each SLO (:func:`max_rate`).
 
     The stream of each row of ``picks`` (same preset, count and seed as :func:`tuning_grid`) is scaled in time
-    until the SLO's p99 bounds just hold. Used in chapter 12.
+    until the SLO's p99 bounds just hold. Used in chapter 09.
 
     Returns
     -------
@@ -186,7 +186,7 @@ def headroom(cost, picks: pd.DataFrame, n_requests: int, *, seed=0, rel_tol: flo
 
 def write_example_trace(path, requests) -> None:
     """Write ``requests`` as a CSV trace the way users keep theirs: ``timestamp`` (s), ``input_tokens``,
-    ``output_tokens``, one row per request. Chapter 12 reads it back with :func:`batchlab.loaders.load_workload`."""
+    ``output_tokens``, one row per request. Chapter 09 reads it back with :func:`batchlab.loaders.load_workload`."""
     pd.DataFrame({"timestamp": requests.arrival_s, "input_tokens": requests.prompt_tokens,
                   "output_tokens": requests.output_tokens}).to_csv(path, index=False)
 
@@ -197,14 +197,14 @@ def _knob(frame: pd.DataFrame, who: str) -> pd.Series:
 
 
 def is_default_pick(frame: pd.DataFrame) -> pd.Series:
-    """Whether each row's pick is vLLM's default pair itself (the tuner confirms the default). Used in chapter 12."""
+    """Whether each row's pick is vLLM's default pair itself (the tuner confirms the default). Used in chapter 09."""
     return ((frame["best_max_num_seqs"] == frame["default_max_num_seqs"])
             & (frame["best_max_num_batched_tokens"] == frame["default_max_num_batched_tokens"]))
 
 
 def is_tie(frame: pd.DataFrame) -> pd.Series:
     """Whether each row's pick is another pair whose goodput ties the default's to rounding: ``gain`` within
-    :data:`TIE_TOL` of 1 (the two runs all but the same). Used in chapter 12."""
+    :data:`TIE_TOL` of 1 (the two runs all but the same). Used in chapter 09."""
     return ~is_default_pick(frame) & ((frame["gain"] - 1).abs() < TIE_TOL)
 
 
@@ -216,7 +216,7 @@ def _pick_knob(frame: pd.DataFrame) -> pd.Series:
 def picks_table(picks: pd.DataFrame, slo_names: dict, workload_names: dict):
     """The tuner's pick against vLLM's default per workload, SLO and load, formatted: knobs (marked where the pick
     is the default), goodput, the gain and the SLO load (largest p99 / bound) the pick was chosen by. Used in
-    chapter 12."""
+    chapter 09."""
     shown = picks.assign(workload=picks["workload"].map(workload_names), slo=picks["slo"].map(slo_names),
                          best=_pick_knob(picks))
     rate, share = "{:.1f}".format, "{:.2f}".format
@@ -230,7 +230,7 @@ def picks_table(picks: pd.DataFrame, slo_names: dict, workload_names: dict):
 def headroom_table(rates: pd.DataFrame, slo_names: dict, workload_names: dict):
     """:func:`headroom` formatted: the largest rate under each SLO, best against default, and best as a share of
     the default's (100 % or more where the pick sustains at least the default's rate; a dash where no rate holds
-    for the default). Used in chapter 12."""
+    for the default). Used in chapter 09."""
     shown = rates.assign(workload=rates["workload"].map(workload_names), slo=rates["slo"].map(slo_names),
                          best=_pick_knob(rates))
     rate = "{:.1f}".format
@@ -290,7 +290,7 @@ def goodput_map_chart(grid: pd.DataFrame, picks: pd.DataFrame, workload_names: d
                       load_names: dict):
     """The goodput map over ``max_num_seqs`` x ``max_num_batched_tokens``, the best and vLLM's default marked.
 
-    Used in chapter 12.
+    Used in chapter 09.
 
     Parameters
     ----------

@@ -42,7 +42,7 @@ def saturation_rate(cost, workload: str, n_requests: int, *, seed=0, **knobs) ->
     The capacity that request rates are expressed against: ``request_throughput`` of one ``chunked`` run of
     ``preset(workload, n_requests, rate_req_s=inf, seed=seed)`` with ``knobs`` (vLLM's defaults for the GPU if
     none). The drain at the end of the run, when fewer requests are left than the batch holds, is included,
-    so this is slightly below the steady-state capacity. Used in chapters 08 and 09.
+    so this is slightly below the steady-state capacity. Used in chapters 08 and 12.
 
     Parameters
     ----------
@@ -70,7 +70,7 @@ def two_knob_sweep(cost, workload: str, rates_req_s, max_num_seqs, max_num_batch
     Each rate replays ``preset(workload, n_requests, rate_req_s, seed)``; with one seed the prompt and output
     lengths are the same at every rate and the arrival gaps only scale (common random numbers). A pair with
     ``max_num_batched_tokens < max_num_seqs`` is not simulated: vLLM's ``SchedulerConfig`` refuses to start with
-    it (and :func:`batchlab.simulate` raises), so its row has no numbers. Used in chapters 08 and 09.
+    it (and :func:`batchlab.simulate` raises), so its row has no numbers. Used in chapters 08 and 12.
 
     Parameters
     ----------
@@ -112,7 +112,7 @@ def two_knob_sweep(cost, workload: str, rates_req_s, max_num_seqs, max_num_batch
 def vllm_defaults_table(gpus=("h100-sxm", "h200", "a100-80gb")) -> pd.DataFrame:
     """vLLM's default knobs per GPU (:func:`batchlab.vllm_defaults`): they depend on the GPU, not on the model.
 
-    Used in chapters 08 and 09.
+    Used in chapters 08 and 12.
 
     Parameters
     ----------

@@ -1,4 +1,4 @@
-"""Chapter 10, validation: the calibrated cost model against measured H100 timings, and the simulator end to end
+"""Chapter 13, validation: the calibrated cost model against measured H100 timings, and the simulator end to end
 against the figures vLLM published for v0.6.0.
 
 :func:`validation_frames` predicts every measured case twice (DESIGN's starting efficiencies, the calibrated
@@ -46,14 +46,14 @@ EFFICIENCY_NAMES = {
 
 
 def set_name(code: str) -> str:
-    """The page's name for a measured set (its code name if it has none). Used in chapter 10."""
+    """The page's name for a measured set (its code name if it has none). Used in chapter 13."""
     return SET_NAMES.get(code, code)
 
 
 def efficiency_table(before, after):
     """The calibrated quantities of two cost models side by side, named and in the page's units (a ``Styler``).
 
-    Used in chapter 10: ``before`` has the starting values (:data:`batchlab.calibrate.START`), ``after`` the
+    Used in chapter 13: ``before`` has the starting values (:data:`batchlab.calibrate.START`), ``after`` the
     calibrated ones; times in ms. A quantity the starting model leaves out (the elementwise term) reads "none".
     """
     def shown(model, field, scale):
@@ -68,7 +68,7 @@ def efficiency_table(before, after):
 def case_counts(cases: pd.DataFrame):
     """Cases per measured set and by how the calibration used them (fitted, ridge, held out), a ``Styler``.
 
-    Used in chapter 10.
+    Used in chapter 13.
     """
     after = cases[cases["stage"] == "after"]
     table = after.groupby(["set", "group"], sort=False).size().unstack(fill_value=0)
@@ -108,7 +108,7 @@ def _stage_group(split: pd.Series) -> pd.Series:
 def validation_frames(before, after, floors=None, own=None, root=None):
     """Every measured case predicted twice, before and after calibration, and the error table.
 
-    Used in chapter 10.
+    Used in chapter 13.
 
     Parameters
     ----------
@@ -161,7 +161,7 @@ def parity_sample(cases: pd.DataFrame, per_set: int = 100) -> pd.DataFrame:
 
     The same cases are kept in both stages, so the before and after panels show the same points. Adds
     ``measured_ms``, ``predicted_ms`` and a ``case`` label (the descriptors that name the case). Used in
-    chapter 10.
+    chapter 13.
     """
     keep = []
     for _, per in cases.groupby("set", sort=False):
@@ -181,7 +181,7 @@ def parity_sample(cases: pd.DataFrame, per_set: int = 100) -> pd.DataFrame:
 def llmservingsim_forward(cost, root=None) -> pd.DataFrame:
     """LLMServingSim's eager forward pass of Llama-3.1-8B against ``cost.prefill_time``, elementwise part apart.
 
-    Used in chapter 10.
+    Used in chapter 13.
 
     Returns
     -------
@@ -213,7 +213,7 @@ def eager_holdout_error(cost, max_tokens: int, root=None) -> pd.Series:
     Refits eager attention's and elementwise efficiencies and floors (:func:`batchlab.calibrate.fit_eager`)
     on LLMServingSim's prompts of at most ``max_tokens`` tokens, with ``cost``'s other efficiencies, and
     returns the median relative error per set (``llmservingsim_attn``, ``llmservingsim_elementwise``) on the
-    longer prompts: how far the fitted shape carries. Used in chapter 10.
+    longer prompts: how far the fitted shape carries. Used in chapter 13.
     """
     etas, floors = calibrate.fit_eager(root, max_tokens, cost)
     own = calibrate.shipped_own_kernels()._replace(eager_eta_attn=etas["eta_attn"],
@@ -228,7 +228,7 @@ def match_means(requests, prompt_mean: float, output_mean: float):
     """The same stream with every prompt and output length scaled so their means are the given ones.
 
     Lengths are rounded and kept >= 1 token; arrivals are unchanged, and so is the shape of each
-    distribution (its coefficient of variation) up to the rounding. Used in chapter 10.
+    distribution (its coefficient of variation) up to the rounding. Used in chapter 13.
     """
 
     def scale(tokens, mean):
@@ -242,7 +242,7 @@ def vllm_v060_runs(cost, rates_req_s, *, n_requests: int = 500, seed=0, lengths:
                    **knobs) -> pd.DataFrame:
     """The ShareGPT preset through the ``chunked`` policy at each arrival rate.
 
-    Used in chapter 10.
+    Used in chapter 13.
 
     Parameters
     ----------
@@ -284,7 +284,7 @@ def published_comparison(runs: pd.DataFrame, published: dict = PUBLISHED_VLLM_V0
 
     ``runs`` is :func:`vllm_v060_runs` of one ``lengths`` over rates including ``inf``, ``tpot_rate_req_s``
     and the TTFT range. The TTFT figure is a ceiling: its row compares the highest predicted mean TTFT in the
-    range. Used in chapter 10.
+    range. Used in chapter 13.
     """
     at = runs.set_index("rate_req_s")
     lo, hi = published["ttft_rates_req_s"]
@@ -320,7 +320,7 @@ def parity_frame(sample: pd.DataFrame, band: float = 0.15) -> pd.DataFrame:
 
     ``sample`` is :func:`parity_sample`. Adds ``kind`` ("case" or the line's label) and ``panel`` (the stage as
     "before calibration" / "after calibration"). Cases predicted at 0 (a term the starting model does not have)
-    cannot sit on a log axis and are left out. Used in chapter 10.
+    cannot sit on a log axis and are left out. Used in chapter 13.
     """
     sample = sample[sample["predicted_ms"] > 0]
     lines = _band_lines(sample, ["set", "stage"], "set", band)
@@ -334,7 +334,7 @@ def parity_frame(sample: pd.DataFrame, band: float = 0.15) -> pd.DataFrame:
 def parity_chart(sample: pd.DataFrame, value: str | None = None, band: float = 0.15, size: int = 260):
     """Predicted against measured time on log-log axes, before and after calibration side by side.
 
-    Used in chapter 10.
+    Used in chapter 13.
 
     Parameters
     ----------
@@ -377,7 +377,7 @@ def parity_chart(sample: pd.DataFrame, value: str | None = None, band: float = 0
 def published_chart(runs: pd.DataFrame, published: dict = PUBLISHED_VLLM_V060, width: int = 250, height: int = 220):
     """Mean TTFT and mean TPOT against arrival rate, simulated, beside the published vLLM figures.
 
-    Used in chapter 10.
+    Used in chapter 13.
 
     Parameters
     ----------
@@ -420,7 +420,7 @@ SET_COLORS = {"inference-perf": viz.PALETTE[0], "aiconfigurator": viz.PALETTE[1]
 
 def e2e_parity_frame(table: pd.DataFrame, band: float = 0.15) -> pd.DataFrame:
     """Every usable calibration run's predicted against measured value per metric, plus the lines y = x and
-    y = (1 +- ``band``) x per metric panel. ``table`` is :func:`batchlab.validate.replay_all`. Used in chapter 10.
+    y = (1 +- ``band``) x per metric panel. ``table`` is :func:`batchlab.validate.replay_all`. Used in chapter 13.
     """
     used = table[table["representable"].astype(bool) & (table["status"] == "ok")]
     points = used[["run_id", "metric", "set", "model", "hardware", "tp", "dtype", "measured_ms", "predicted_ms",
@@ -434,7 +434,7 @@ def e2e_parity_frame(table: pd.DataFrame, band: float = 0.15) -> pd.DataFrame:
 
 def e2e_parity_chart(table: pd.DataFrame, band: float = 0.15, size: int = 230):
     """Predicted against measured TTFT, TPOT and E2E of every end-to-end calibration run, log-log, one panel each,
-    coloured by set; dashed lines at ±``band``. Used in chapter 10."""
+    coloured by set; dashed lines at ±``band``. Used in chapter 13."""
     data = e2e_parity_frame(table, band)
     axis = {"scale": alt.Scale(type="log", nice=False),
             "axis": alt.Axis(labelExpr=viz.LOG125_LABEL, labelOverlap="greedy")}
@@ -456,7 +456,7 @@ def e2e_parity_chart(table: pd.DataFrame, band: float = 0.15, size: int = 230):
 
 def e2e_error_table(errors: pd.DataFrame):
     """:func:`batchlab.validate.error_summary` as the reader reads it (a ``Styler``): one row per set and metric,
-    errors in %. Used in chapter 10; the worst run of each row is named in the prose, not here."""
+    errors in %. Used in chapter 13; the worst run of each row is named in the prose, not here."""
     shown = errors.assign(metric=errors["metric"].map({"ttft": "TTFT", "tpot": "TPOT", "e2e": "E2E"}))
     pct = "{:.1%}".format
     return viz.display_table(shown, {"set": ("runs from", str), "metric": ("metric", str),
@@ -477,7 +477,7 @@ def ablation_table(ablations: pd.DataFrame) -> pd.DataFrame:
 
 def ablation_style(ablations: pd.DataFrame):
     """:func:`ablation_table` as the page shows it (a ``Styler``): the mechanism switched off, then the median
-    |error| of TTFT, TPOT and E2E in %. Used in chapter 10."""
+    |error| of TTFT, TPOT and E2E in %. Used in chapter 13."""
     table = ablation_table(ablations).reset_index()
     pct = "{:.1%}".format
     return viz.display_table(table, {"switched off": ("switched off", str),
@@ -485,7 +485,7 @@ def ablation_style(ablations: pd.DataFrame):
 
 
 def comparison_style(compare: pd.DataFrame):
-    """:func:`published_comparison` as the page shows it (a ``Styler``). Used in chapter 10."""
+    """:func:`published_comparison` as the page shows it (a ``Styler``). Used in chapter 13."""
     one = "{:,.1f}".format
     return viz.display_table(compare, {"figure": ("figure", str), "condition": ("condition", str),
                                        "published": ("published", one), "predicted": ("predicted", one),
@@ -528,7 +528,7 @@ def kernel_headline(err: pd.DataFrame, after, cases: pd.DataFrame) -> tuple[dict
 
 
 def e2e_headline(e2e: pd.DataFrame, errors: pd.DataFrame) -> dict:
-    """The numbers chapter 10's end-to-end prose quotes, by glue name: run counts, median, worst and signed
+    """The numbers chapter 13's end-to-end prose quotes, by glue name: run counts, median, worst and signed
     errors per metric over all usable runs, TTFT per set and per closed-loop model (``e2e_ttft_<model>``: the
     InferenceX Llama-3.1-70B rows, Qwen3-32B), the closed-loop TTFT ratio (predicted / measured) of
     Llama-3.1-70B at 32 clients or more and of Qwen3-32B at 16 or fewer, Qwen3-32B's TTFT shortfall at 16 clients
@@ -567,7 +567,7 @@ def e2e_headline(e2e: pd.DataFrame, errors: pd.DataFrame) -> dict:
 def error_table(errors: pd.DataFrame):
     """:func:`validation_frames`' error table as the page shows it (a ``Styler``): five narrow columns, errors in %.
 
-    Used in chapter 10. One row per measured set: ``measured set``, ``cases``, ``median, starting (%)``,
+    Used in chapter 13. One row per measured set: ``measured set``, ``cases``, ``median, starting (%)``,
     ``median, calibrated (%)``, ``worst, calibrated (%)``; diagnostic sets (kernels vLLM does not run, priced
     with the BF16 defaults) are marked with "(diagnostic)" after their name.
     """
@@ -583,7 +583,7 @@ def error_table(errors: pd.DataFrame):
 
 def runs_table(runs: pd.DataFrame):
     """:func:`vllm_v060_runs`' runs as the page shows them (a ``Styler``): the lengths, the rate and the three
-    figures the post publishes, with units in the headers. Used in chapter 10; an infinite rate reads "all at
+    figures the post publishes, with units in the headers. Used in chapter 13; an infinite rate reads "all at
     once"."""
     rate = runs["rate_req_s"].map(lambda r: "all at once" if np.isinf(r) else f"{r:g}")
     one = "{:,.1f}".format

@@ -3,7 +3,7 @@
 :func:`claim_numbers` recomputes the numbers each verdict rests on (cost model, vLLM's default rule, the
 shared scene and one near-capacity sweep of the two knobs), :func:`claim_table` turns them into one row per
 claim (what the article says, the model and GPU the verdict is about, the verdict, the numbers), and
-:func:`verdict` gives the one string a chapter glues. Used in chapters 05, 09 and 11; the tests check that the
+:func:`verdict` gives the one string a chapter glues. Used in chapters 05, 12 and 14; the tests check that the
 three notebooks glue these strings and spell no verdict of their own.
 """
 from __future__ import annotations
@@ -205,7 +205,7 @@ def _rows(n: dict, gpu: str) -> list:
 def claim_table(gpu: str = "h100-sxm") -> pd.DataFrame:
     """One row per claim: ``id``, ``claim`` (the article's, in our words), ``scope`` (model and GPU),
     ``verdict`` (one of :data:`CATEGORIES`), ``numbers`` (what the verdict rests on) and ``text``
-    (:func:`verdict`'s string). Used in chapters 05, 09 and 11."""
+    (:func:`verdict`'s string). Used in chapters 05, 12 and 14."""
     table = pd.DataFrame(_rows(claim_numbers(gpu), gpu), columns=["id", "claim", "scope", "verdict", "numbers"])
     return table.assign(text=table["verdict"] + " (" + table["scope"] + ")")
 

@@ -1,4 +1,4 @@
-"""Chapter 09 (cheat sheet): the sheet is built from measured numbers, one row per symptom, each with the knob,
+"""Chapter 12 (cheat sheet): the sheet is built from measured numbers, one row per symptom, each with the knob,
 its effect, a number and the chapters that back it."""
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def test_sheet_quotes_the_measured_numbers(measured):
     assert f"{m['knees'][1024]:.0f} sequences at 1,024 tokens" in sheet.loc["04", "number"]
     trade = m["trade"]
     assert f"{trade['itl_max_s'].iloc[-1] * 1e3:,.0f} ms at 8,192 tokens" in sheet.loc["05, 06", "number"]
-    # The closed forms and invariants behind the rows (chapters 04, 05, 08 and 11 check them in full).
+    # The closed forms and invariants behind the rows (chapters 04, 05, 08 and 14 check them in full).
     assert abs(m["ridge"] - 295.3) < 0.05 and 125 < m["prefill_ms"] < 135 and 596 < m["gap_big_ms"] < 597
     assert m["vs"]["best_p99_itl_ms"] < m["vs"]["default_p99_itl_ms"]
     assert m["over"].steps["running"].max() < m["defaults"]["max_num_seqs"]

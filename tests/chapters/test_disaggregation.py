@@ -1,4 +1,4 @@
-"""Chapter 14 (one engine or two kinds): the configurations, goodput read from a rate grid (interpolated where the
+"""Chapter 11 (one engine or two kinds): the configurations, goodput read from a rate grid (interpolated where the
 SLO attainment crosses 90 %), the winners table, the grid on an executor equal to the grid run here, the KV
 transfer table, the routing table, and the chart's spec (workload and SLO radio buttons, the SLO labelled in ms)."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Chapter 11 (fact check): each number against its closed form, the chunking trade-off's shape on the shared
+"""Chapter 14 (fact check): each number against its closed form, the chunking trade-off's shape on the shared
 scene, and the trade-off chart with a slider over log2 of the token budget."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Chapter 13 (prefix caching): the offline copy of Mooncake's trace, the analytic hit rate of the synthetic
+"""Chapter 10 (prefix caching): the offline copy of Mooncake's trace, the analytic hit rate of the synthetic
 workloads against the simulator, the hit rate growing with the pool, the reuse gaps, and the charts' specs (the
 workload and pool radio buttons labelled in GiB, the coinciding budgets sharing a label)."""
 from __future__ import annotations

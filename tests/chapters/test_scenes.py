@@ -1,5 +1,5 @@
 """The shared long-prompt scene: the stream is what it says, every policy and budget meets the same batch, its
-measures match the cost model's closed forms, and chapters 05, 06, 09 and 11 quote the same numbers for it."""
+measures match the cost model's closed forms, and chapters 05, 06, 12 and 14 quote the same numbers for it."""
 from __future__ import annotations
 
 import numpy as np
@@ -96,7 +96,7 @@ def test_unchunked_gap_is_the_whole_prompt_beside_the_decodes(cost8b):
     assert m["itl_max_s"] == pytest.approx(step, rel=1e-9) and m["ttft_s"] == pytest.approx(step, rel=1e-9)
     assert m["admit_step_s"] == pytest.approx(step, rel=1e-12)
     assert m["chunks"] == 1 and m["largest_chunk_tokens"] == SMALL["prompt_tokens"]
-    # Chapter 11's analytic gap is the same iteration.
+    # Chapter 14's analytic gap is the same iteration.
     assert fact_check.prefill_gap(ideal, SMALL["prompt_tokens"], n, ctx)["step_s"] == pytest.approx(step, rel=1e-12)
 
 
@@ -136,7 +136,7 @@ def test_scene_errors(cost8b):
 
 @pytest.fixture(scope="module")
 def quoted(cost8b):
-    """What chapters 05, 06 and 11 compute from the scene, through their own functions and parameters."""
+    """What chapters 05, 06 and 14 compute from the scene, through their own functions and parameters."""
     spike = prefill_spike.prefill_spike(cost8b, n_behind=6, behind_tokens=256, seed=0)
     points, _ = chunked_prefill.chunk_budget_sweep(cost8b, BUDGETS_06,
                                                    unchunked_max_num_batched_tokens=UNCHUNKED_06)
@@ -149,14 +149,14 @@ def test_chapters_quote_the_same_numbers_for_the_scene(quoted, cost8b):
     at06 = points[points["config"] == "chunked"].set_index("max_num_batched_tokens")
     off06 = points[points["config"] == "unchunked"].iloc[0]
     at11 = trade.set_index("max_num_batched_tokens")
-    # Chapter 11's claim 4: the batch whose (synchronous) decode step is nearest the article's 20 ms; chapter 05
+    # Chapter 14's claim 4: the batch whose (synchronous) decode step is nearest the article's 20 ms; chapter 05
     # uses the scene's default.
     decoders = cost8b.replace(cpu_hidden_fraction=0.0).batch_for_step_time(0.020, 2048)
     assert s05["n_decoders"] == decoders and (s05["context"], scenes.PROMPT_TOKENS) == (2048, 8000)
     # The unchunked gap and the newcomer's TTFT: 05 (Orca), 06 (chunking off), 11 (8192 fits the whole prompt).
     for key in ("itl_max_s", "ttft_s", "cadence_s"):
         assert s05[key] == off06[key] == at06.loc[8192, key] == at11.loc[8192, key]
-    # Chapter 11's claim 5 prices the same iteration with the cost model alone; the newcomer's client waits the
+    # Chapter 14's claim 5 prices the same iteration with the cost model alone; the newcomer's client waits the
     # request latency more.
     gap = fact_check.prefill_gap(cost8b, scenes.PROMPT_TOKENS, decoders, scenes.CONTEXT)["step_s"]
     assert s05["itl_max_s"] == pytest.approx(gap, rel=1e-12) and s05["admit_step_s"] == pytest.approx(gap, rel=1e-12)

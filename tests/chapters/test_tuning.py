@@ -1,4 +1,4 @@
-"""Chapter 12 (tuning for your traffic): the tuning grid's layout and invariants (one pick and one default per
+"""Chapter 09 (tuning for your traffic): the tuning grid's layout and invariants (one pick and one default per
 workload, SLO and load, the pick's goodput within 1 % of the largest and at least the default's, its p99 / bound
 within 1 % of the smallest among those, and of those full ties the one nearest vLLM's default, then the smaller
 cap; refused pairs without numbers), the picks against the grid, the headroom against simulation, goodput and

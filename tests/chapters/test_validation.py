@@ -1,4 +1,4 @@
-"""Chapter 10 (validation): the validation frames agree with the shipped calibration, the sampler keeps what a
+"""Chapter 13 (validation): the validation frames agree with the shipped calibration, the sampler keeps what a
 parity chart needs, the end-to-end runs behave like a server (closed forms on hand-made frames, invariants); the
 parity chart (select over sets, before/after panels, log axes, y = x and the target band) and the end-to-end
 chart beside the published vLLM figures. Everything reads the compact measured-timings table in data/."""
@@ -256,7 +256,7 @@ def test_kernel_headline_is_what_the_page_glues(frames, costs):
     cases, errors = frames
     err = errors.set_index("set")
     numbers, held = chapter.kernel_headline(err, costs[1], cases)
-    text = (DATA_DIR.parent / "notebooks" / "10_validation.ipynb").read_text()
+    text = (DATA_DIR.parent / "notebooks" / "13_validation.ipynb").read_text()
     assert all(f"`{name}" in text for name in numbers)  # every number is quoted on the page, none left over
     assert numbers["eta_c_bf16"] == costs[1].eta_compute and numbers["eta_elem"] == costs[1].eta_elementwise
     assert numbers["elem_diag"] == err.loc[calibrate.DIAGNOSTIC_SETS["llmservingsim_elementwise"],

@@ -14,7 +14,7 @@ from batchlab.chapters import scenes
 from batchlab.chapters import verdicts as chapter
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
-VERDICT_CHAPTERS = ("05_prefill_spike", "09_cheat_sheet", "11_fact_check")
+VERDICT_CHAPTERS = ("05_prefill_spike", "12_cheat_sheet", "14_fact_check")
 LEGEND = "**holds**, **holds under stated conditions**, or **does not hold**"
 
 
