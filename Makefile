@@ -27,13 +27,13 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 
 unit: $(VENV)/.installed
-	$(PY) -m pytest -q -m "not browser and not live" tests
+	$(PY) -m pytest -q -m "not browser and not live and not book" tests
 
 nbval: $(VENV)/.installed
 	$(PY) -m pytest -q --nbval-lax --nbval-current-env --nbval-cell-timeout=300 -p no:randomly notebooks
 
 browser: book
-	$(PY) -m pytest -q -m "browser or live" tests
+	$(PY) -m pytest -q -m "browser or live or book" tests
 
 test: lint unit nbval browser
 

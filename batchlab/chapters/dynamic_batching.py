@@ -20,6 +20,7 @@ from .._kernels.cost import serve_time
 from ..metrics import full_batch_fraction, idle_while_waiting_fraction
 from ..sim import simulate, vllm_defaults
 from ..workload import preset
+from . import facts, scenes
 
 LATENCY_COLUMNS = ("mean_e2el_ms", "p99_e2el_ms", "mean_ttft_ms", "p99_ttft_ms")
 POLICY_COLORS = {"static": "#D55E00", "dynamic": "#0072B2", "continuous": "#009E73", "chunked": "#CC79A7"}
@@ -298,3 +299,33 @@ def load_sweep_chart(runs: pd.DataFrame, capacities: pd.DataFrame, metric: str =
     text = alt.Chart(capacities).mark_text(align="right", angle=270, baseline="bottom", dx=-4, color="#555555",
                                            y=0).encode(x="rate_req_s:Q", text="label:N")
     return alt.layer(lines, rules, text).properties(width=460, height=280)
+
+
+# -- facts other pages glue (batchlab.chapters.facts) ----------------------------------------------------------
+LOCKSTEP_BATCH = 32  # rows of the static and dynamic batches the book compares
+
+
+@facts.memo
+def _saturation(cost, workload: str, n_requests: int, batch_size: int, seed) -> pd.DataFrame:
+    return policy_grid(cost, workload, n_requests, [np.inf], batch_size=batch_size, seed=seed)
+
+
+def conv_saturation() -> pd.Series:
+    """Each policy's requests per second on the conv scene with every request queued at time 0 (cached)."""
+    s = scenes.scene("conv")
+    return _saturation(s.cost(), s.workload, s.n_requests, LOCKSTEP_BATCH, s.seed).set_index("policy")[
+        "request_throughput"]
+
+
+@facts.fact("lockstep_capacity_req_s", scene="conv", unit="req/s", fmt=".2f", chapter="dynamic_batching",
+            text=f"requests per second static batching of {LOCKSTEP_BATCH} rows completes on the conversation scene "
+                 "with every request queued (its saturation throughput)")
+def _lockstep():
+    return float(conv_saturation()["static"])
+
+
+@facts.fact("orca_capacity_req_s", scene="conv", unit="req/s", fmt=".1f", chapter="dynamic_batching",
+            text="the same for iteration-level batching with whole prompts (Orca's continuous batching, vLLM's "
+                 "default max_num_seqs)")
+def _orca():
+    return float(conv_saturation()["continuous"])

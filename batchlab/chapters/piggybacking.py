@@ -17,6 +17,7 @@ import pandas as pd
 from .. import viz
 from ..sim import seats_for, simulate, vllm_defaults  # noqa: F401 - seats_for: chapter 07 quotes it
 from ..workload import Requests, preset
+from . import facts, scenes
 
 STEP_KINDS = ("decode", "mixed", "prefill")
 MIXING_POLICIES = {  # label -> (policy, knobs): three ways to combine prompts with the decodes of a batch
@@ -409,3 +410,51 @@ def mixing_chart(df: pd.DataFrame, rate_req_s: float):
     itl = alt.layer(*lines(alt.Y("p99_itl_ms:Q", title="p99 inter-token latency (ms)", scale=alt.Scale(type="log"))),
                     mark).properties(width=440, height=200)
     return alt.vconcat(tput, itl)
+
+
+# -- facts other pages glue (batchlab.chapters.facts) ----------------------------------------------------------
+MIX_MAX_NUM_BATCHED_TOKENS = 2048  # the chunked policy's budget in the mixing comparison
+
+
+@facts.memo
+def _mixing(cost, workload: str, n_requests: int, rates, budget: int, seed) -> pd.DataFrame:
+    return mixing_comparison(cost, workload, n_requests, list(rates), max_num_batched_tokens=budget, seed=seed)
+
+
+def conv_mixing(rates_req_s) -> pd.DataFrame:
+    """:func:`mixing_comparison` on the conv scene at ``rates_req_s`` (cached), the budget
+    :data:`MIX_MAX_NUM_BATCHED_TOKENS`."""
+    s = scenes.scene("conv")
+    return _mixing(s.cost(), s.workload, s.n_requests, tuple(float(r) for r in rates_req_s),
+                   MIX_MAX_NUM_BATCHED_TOKENS, s.seed)
+
+
+def _at_over() -> pd.DataFrame:
+    from .two_knobs import conv_rates
+
+    rate = conv_rates()["over"]
+    return conv_mixing([rate]).set_index("policy")
+
+
+_MIX_KEYS = {"v1": "chunked: prompt chunks mixed in (vLLM V1)", "orca": "whole prompts mixed in (Orca)",
+             "v0": "prefill-only steps (vLLM V0)"}
+_MIX_WORDS = {"v1": "chunked prefill, prompt chunks mixed into decode steps (vLLM V1)",
+              "orca": "whole prompts mixed into the decode step that admits them (Orca)",
+              "v0": "prefill-only steps (vLLM V0)"}
+
+
+def _mix_facts(key: str):
+    @facts.fact(f"mix_{key}_tput", scene="conv", unit="tok/s", fmt=",.0f", chapter="piggybacking",
+                text=f"output tokens per second with {_MIX_WORDS[key]}, in the conversation scene at its overload "
+                     f"rate ({MIX_MAX_NUM_BATCHED_TOKENS:,}-token budget where there is one)")
+    def _tput():
+        return float(_at_over().loc[_MIX_KEYS[key], "output_throughput"])
+
+    @facts.fact(f"mix_{key}_p99_itl_ms", scene="conv", unit="ms", fmt=".0f", chapter="piggybacking",
+                text=f"the p99 inter-token latency with {_MIX_WORDS[key]}, in the same run")
+    def _itl():
+        return float(_at_over().loc[_MIX_KEYS[key], "p99_itl_ms"])
+
+
+for _key in _MIX_KEYS:
+    _mix_facts(_key)

@@ -16,7 +16,7 @@ import pandas as pd
 
 from .. import viz
 from ..workload import _rng
-from . import scenes
+from . import facts, scenes
 
 SPIKE_ORDERS = {"mixed step (Orca)": False, "prefill-only step (vLLM V0)": True}  # label -> prefill_only_steps
 
@@ -234,3 +234,77 @@ def label_extent(*values, px_per_char: int = 7) -> int:
     """
     top = max(float(np.nanmax(np.asarray(v, dtype=float))) for v in values)
     return px_per_char * len(f"{top:,.0f}") + 10
+
+
+# -- facts other pages glue (batchlab.chapters.facts) ----------------------------------------------------------
+def _spike8() -> dict:
+    """The shared scene unchunked (Orca's mixed step) for Llama-3-8B BF16: the run every page quotes."""
+    return _spike_summary(scenes.scene("spike").cost())
+
+
+@facts.memo
+def _spike_summary(cost) -> dict:
+    return prefill_spike(cost).summary
+
+
+@facts.fact("spike_decoders", scene="spike", unit="sequences", fmt="d", chapter="prefill_spike",
+            text="the scene's batch: the decoders whose step at 2,048 tokens of context is closest to the article's "
+                 "20 ms (Llama-3-8B BF16, synchronous engine)")
+def _decoders():
+    return int(_spike8()["n_decoders"])
+
+
+@facts.fact("spike_cadence_ms", scene="spike", unit="ms", fmt=".1f", chapter="prefill_spike",
+            text="the decoders' step, and so their gap between two tokens, just before the long prompt arrives")
+def _cadence():
+    return _spike8()["cadence_s"] * 1e3
+
+
+@facts.fact("spike_gap_ms", scene="spike", unit="ms", fmt=".0f", chapter="prefill_spike",
+            text="the gap every decoder sees when the 8,000-token prompt is computed unchunked in one iteration "
+                 "beside their tokens (calibrated)")
+def _gap():
+    return _spike8()["itl_max_s"] * 1e3
+
+
+@facts.fact("prefill8_ideal_ms", scene="llama8", unit="ms", fmt=".0f", chapter="prefill_spike",
+            text="the 8,000-token prefill of Llama-3-8B BF16 alone at 100 % of the H100's dense BF16 peak")
+def _prefill8():
+    return scenes.scene("llama8").cost().ideal().prefill_time(scenes.PROMPT_TOKENS) * 1e3
+
+
+@facts.fact("prefill8_ms", scene="llama8", unit="ms", fmt=".0f", chapter="prefill_spike",
+            text="the same prefill alone, calibrated")
+def _prefill8_cal():
+    return scenes.scene("llama8").cost().prefill_time(scenes.PROMPT_TOKENS) * 1e3
+
+
+@facts.fact("prefill70_ideal_ms", scene="llama70", unit="ms", fmt=".0f", chapter="prefill_spike",
+            text="the 8,000-token prefill of Llama-3-70B FP8 alone at 100 % of the H100's dense FP8 peak")
+def _prefill70():
+    return scenes.scene("llama70").cost().ideal().prefill_time(scenes.PROMPT_TOKENS) * 1e3
+
+
+@facts.fact("gemm70_ms", scene="llama70", unit="ms", fmt=".0f", chapter="prefill_spike",
+            text="the GEMMs alone of that prefill, 2 P' N FLOPs at the dense FP8 peak")
+def _gemm70():
+    from .fact_check import prefill_arithmetic
+
+    return prefill_arithmetic(scenes.scene("llama70").cost(), scenes.PROMPT_TOKENS)["gemm_s"] * 1e3
+
+
+@facts.fact("mfu400_8", scene="spike", unit="", fmt=".0%", chapter="prefill_spike",
+            text="the model FLOPs utilisation at which the unchunked step of the scene (prompt and decoders) would "
+                 "take the article's 400 ms")
+def _mfu400_8():
+    from .fact_check import implied_mfu
+
+    return implied_mfu(scenes.scene("spike").cost(), scenes.PROMPT_TOKENS, 0.400, _decoders(), scenes.CONTEXT)
+
+
+@facts.fact("mfu400_70", scene="llama70", unit="", fmt=".0%", chapter="prefill_spike",
+            text="the MFU at which the 8,000-token prefill of Llama-3-70B FP8 alone would take 400 ms")
+def _mfu400_70():
+    from .fact_check import implied_mfu
+
+    return implied_mfu(scenes.scene("llama70").cost(), scenes.PROMPT_TOKENS, 0.400)

@@ -1,4 +1,12 @@
-"""The scene chapters 05, 06, 12 and 14 share: a batch decoding at a long context, then one long prompt arrives.
+"""The book's named scenes, and the long-prompt scene that chapters 05, 06, 12 and 14 run.
+
+A scene is a setting a number comes from: model, weight type, GPU, traffic, requests and seed
+(:class:`Scene`, :data:`SCENES`). Every fact of the book (:mod:`batchlab.chapters.facts`) names its scene, and
+every page states the scene of the numbers it shows, glued from :attr:`Scene.text` (:func:`glue_scene`), so a
+reader always knows which setup a number belongs to.
+
+The long-prompt scene (``SCENES["spike"]``, the rest of this module): a batch decoding at a long context, then
+one long prompt arrives.
 
 A batch of decoders is running, each with ``CONTEXT`` tokens of KV cache, when one ``PROMPT_TOKENS``-token
 prompt (the newcomer) arrives. Chapter 05 runs it unchunked (the prefill spike), chapter 06 under each token
@@ -37,6 +45,70 @@ import pandas as pd
 
 from ..sim import seats_for, simulate, vllm_defaults
 from ..workload import Requests
+
+class Scene(NamedTuple):
+    """A named setting: what runs where, on which traffic. Used by every chapter and by the facts."""
+
+    name: str  # key of SCENES
+    text: str  # how a page states it, in words
+    model: str  # model preset
+    gpu: str  # hardware preset
+    dtype: str = "bf16"  # weight type
+    workload: str | None = None  # request preset (None: the cost model alone, or a stream built here)
+    n_requests: int | None = None
+    seed: int = 0
+
+    def cost(self):
+        """The calibrated cost model of this scene."""
+        from .. import CostModel, get_hardware, get_model
+
+        return CostModel(get_hardware(self.gpu), get_model(self.model), dtype=self.dtype)
+
+    def requests(self, rate_req_s: float | None = None) -> Requests:
+        """The scene's request stream (its preset, requests and seed) at ``rate_req_s`` (default: the trace's)."""
+        from ..workload import preset
+
+        if self.workload is None:
+            raise ValueError(f"scene {self.name!r} has no request stream")
+        return preset(self.workload, self.n_requests, rate_req_s=rate_req_s, seed=self.seed)
+
+
+def _scenes(*scenes: Scene) -> dict[str, Scene]:
+    return {s.name: s for s in scenes}
+
+
+SCENES = _scenes(
+    Scene("llama8", "Llama-3-8B in BF16 on one H100 SXM, the cost model alone", "llama-3-8b", "h100-sxm"),
+    Scene("llama70", "Llama-3-70B in FP8 on one H100 SXM, the cost model alone", "llama-3-70b", "h100-sxm",
+          dtype="fp8"),
+    Scene("spike", "Llama-3-8B in BF16 on one H100 SXM: a batch decoding at 2,048 tokens of context (the batch "
+          "whose step takes the article's 20 ms) when one 8,000-token prompt arrives", "llama-3-8b", "h100-sxm"),
+    Scene("conv", "Llama-3-8B in BF16 on one H100 SXM serving the Azure conversation trace (2023): 3,000 "
+          "requests with the trace's length distributions (prompt and output drawn independently) and a gamma "
+          "renewal of its burstiness (seed 0), vLLM's defaults but for the knobs named", "llama-3-8b", "h100-sxm",
+          workload="azure-conv-2023", n_requests=3000),
+    Scene("code", "Llama-3-8B in BF16 on one H100 SXM serving the Azure code trace (2023): 3,000 requests with "
+          "the trace's length distributions (drawn independently) and a gamma renewal of its burstiness "
+          "(inter-arrival CV about 13, seed 0)", "llama-3-8b", "h100-sxm", workload="azure-code-2023",
+          n_requests=3000),
+)
+
+
+def scene(name: str) -> Scene:
+    """``SCENES[name]``, with a ValueError that lists the scenes."""
+    if name not in SCENES:
+        raise ValueError(f"no scene {name!r}; scenes: {', '.join(SCENES)}")
+    return SCENES[name]
+
+
+def glue_scene(glue, *names: str) -> dict:
+    """Glue each scene's words as ``scene_<name>`` (``-`` as ``_``); return them by name."""
+    out = {}
+    for name in names:
+        out[name] = scene(name).text
+        glue(f"scene_{name.replace('-', '_')}", out[name], display=False)
+    return out
+
 
 CONTEXT = 2048  # tokens of KV cache per decoder in the iteration that can first admit the newcomer
 PROMPT_TOKENS = 8000  # the newcomer's prompt

@@ -13,6 +13,7 @@ import pandas as pd
 
 from .. import viz
 from ..hardware import get_hardware
+from . import facts, scenes
 
 COST_COLORS = {"roofline": viz.PALETTE[0], "calibrated": viz.PALETTE[1]}
 GPU_NAMES = {"h100-sxm": "H100 SXM", "h200": "H200"}  # hardware preset -> the name a reader knows
@@ -165,3 +166,102 @@ def step_time_roofline_chart(curves: pd.DataFrame, knees: pd.DataFrame, width: i
                 align="left", baseline="bottom", dy=-8).encode(x=alt.value(0), y=alt.value(0), text="text:N"),
         ).properties(width=width, height=height))
     return alt.hconcat(*panels).add_params(param)
+
+
+# -- facts other pages glue (batchlab.chapters.facts) ----------------------------------------------------------
+# Two batch sizes the book keeps apart, with one name each. The **knee** is where a decode step leaves its floor,
+# min(ridge, B_kv) (CostModel.knee): the KV cache pulls it down. The **compute crossover** is the article's own
+# definition, the batch at which the whole step's GEMM FLOPs take longer than streaming the weights and the KV
+# (verdicts.compute_knee): the KV cache pushes it right, and past a few hundred tokens of context there is none.
+
+def _ideal8():
+    return scenes.scene("llama8").cost().ideal()
+
+
+@facts.fact("ridge", scene="llama8", unit="sequences", fmt=".1f", chapter="step_time_roofline",
+            text="the ridge point F b_w / (2 BW): the batch at which a decode step's GEMM math equals its weight "
+                 "streaming, any BF16 model on an H100 SXM (pure roofline)")
+def _ridge():
+    return _ideal8().knee(0)
+
+
+@facts.fact("ridge_calibrated", scene="llama8", unit="sequences", fmt=".0f", chapter="step_time_roofline",
+            text="the ridge point with the calibrated GEMM and bandwidth efficiencies")
+def _ridge_calibrated():
+    return scenes.scene("llama8").cost().knee(0)
+
+
+def _knee_fact(context: int):
+    @facts.fact(f"knee_{context}", scene="llama8", unit="sequences", fmt=".1f", chapter="step_time_roofline",
+                text=f"the knee at {context:,} tokens of context per sequence: the batch where a decode step of "
+                     "Llama-3-8B BF16 leaves its floor, min(ridge, B_kv) (pure roofline)")
+    def _knee():
+        return _ideal8().knee(context)
+
+
+for _ctx in (512, 1024, 2048, 4096, 16384):
+    _knee_fact(_ctx)
+
+
+@facts.fact("weights_streamed_gb", scene="llama8", unit="GB", fmt=".2f", chapter="step_time_roofline",
+            text="the weight bytes one decode step of Llama-3-8B BF16 streams: every weight but the embedding "
+                 "table, a row lookup")
+def _weights_streamed_gb():
+    return _ideal8().streamed_weight_bytes / 1e9
+
+
+@facts.fact("weight_stream_ms", scene="llama8", unit="ms", fmt=".2f", chapter="step_time_roofline",
+            text="the time to stream those weights at the full HBM bandwidth: the batch-1 decode floor")
+def _weight_stream_ms():
+    c = _ideal8()
+    return c.streamed_weight_bytes / c.hardware.hbm_bytes_per_s * 1e3
+
+
+@facts.fact("weight_stream_cal_ms", scene="llama8", unit="ms", fmt=".1f", chapter="step_time_roofline",
+            text="the time to stream those weights at the calibrated share of the HBM bandwidth (eta_m)")
+def _weight_stream_cal_ms():
+    c = scenes.scene("llama8").cost()
+    return c.streamed_weight_bytes / (c.eta_memory * c.hardware.hbm_bytes_per_s) * 1e3
+
+
+@facts.fact("kv_kib_per_token", scene="llama8", unit="KiB", fmt=".0f", chapter="step_time_roofline",
+            text="the KV cache one token of Llama-3-8B takes, 2 L H_kv d_h b_kv")
+def _kv_kib():
+    return _ideal8().kv_bytes_per_token / 1024
+
+
+@facts.fact("crossover_128", scene="llama8", unit="sequences", fmt=".0f", chapter="step_time_roofline",
+            text="the compute crossover (the article's definition of the knee) at 128 tokens of context: it lies "
+                 "right of the ridge")
+def _crossover_128():
+    from .verdicts import compute_knee
+
+    return compute_knee(_ideal8(), 128)
+
+
+@facts.fact("crossover_gone_tokens", scene="llama8", unit="tokens", fmt=",.0f", chapter="step_time_roofline",
+            text="the context per sequence beyond which a decode step of Llama-3-8B BF16 is never compute-bound: "
+                 "the compute crossover no longer exists")
+def _crossover_gone():
+    from .verdicts import knee_vanishes_at
+
+    return knee_vanishes_at(_ideal8())
+
+
+@facts.fact("weights70_streamed_gb", scene="llama70", unit="GB", fmt=".1f", chapter="step_time_roofline",
+            text="the weight bytes one decode step of Llama-3-70B FP8 streams (its FP8 body and BF16 LM head)")
+def _weights70():
+    return scenes.scene("llama70").cost().streamed_weight_bytes / 1e9
+
+
+@facts.fact("floor70_ms", scene="llama70", unit="ms", fmt=".1f", chapter="step_time_roofline",
+            text="the batch-1 decode step of Llama-3-70B FP8 at the full HBM bandwidth (pure roofline)")
+def _floor70():
+    return scenes.scene("llama70").cost().ideal().decode_step_time(1, 0) * 1e3
+
+
+@facts.fact("decode70_b1_ms", scene="llama70", unit="ms", fmt=".1f", chapter="step_time_roofline",
+            text="the batch-1 decode step of Llama-3-70B FP8 with no context, calibrated (vLLM's default async "
+                 "engine): the fastest cadence it can keep")
+def _decode70_b1():
+    return scenes.scene("llama70").cost().decode_step_time(1, 0) * 1e3

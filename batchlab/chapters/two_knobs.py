@@ -21,6 +21,7 @@ from ..hardware import get_hardware
 from ..sim import simulate, vllm_defaults
 from ..sweep import sweep
 from ..workload import preset
+from . import facts, scenes
 
 TWO_KNOB_KINDS = ("accepted", "refused by vLLM", "vLLM serve default", "vLLM offline default")
 TWO_KNOB_SHAPES = ("circle", "cross", "diamond", "square")
@@ -404,3 +405,61 @@ def _grid_panel(data, marks, shape, at_rate: str, at_pair: str, trail):
     chosen = base.transform_filter(at_pair).mark_point(filled=True, size=200, color=HIGHLIGHT, stroke="black",
                                                        strokeWidth=1.5, opacity=1).encode(shape=shape)
     return alt.layer(dots, defaults, visited, chosen).properties(width=TWO_KNOB_WIDTH, height=150)
+
+
+# -- facts other pages glue (batchlab.chapters.facts) ----------------------------------------------------------
+CONV_LOADS = {"light": 0.5, "moderate": 0.8, "near": 0.95, "over": 1.2}  # the conv scene's rates, x capacity
+
+
+@facts.memo
+def _capacity(cost, workload: str, n_requests: int, seed) -> float:
+    return saturation_rate(cost, workload, n_requests, seed=seed)
+
+
+def conv_capacity() -> float:
+    """The conv scene's capacity (req/s): every request queued at time 0, vLLM's defaults (:func:`saturation_rate`)."""
+    s = scenes.scene("conv")
+    return _capacity(s.cost(), s.workload, s.n_requests, s.seed)
+
+
+def conv_rates() -> dict:
+    """The conv scene's request rates by name (:data:`CONV_LOADS` times its capacity, to 0.1 req/s)."""
+    cap = conv_capacity()
+    return {name: round(share * cap, 1) for name, share in CONV_LOADS.items()}
+
+
+@facts.fact("capacity_req_s", scene="conv", unit="req/s", fmt=".1f", chapter="two_knobs",
+            text="the capacity of the conversation scene: requests per second the server completes with every "
+                 "request queued at time 0 and vLLM's defaults (what vllm bench throughput measures)")
+def _capacity_fact():
+    return conv_capacity()
+
+
+def _rate_fact(name: str, share: float):
+    @facts.fact(f"rate_{name}_req_s", scene="conv", unit="req/s", fmt=".1f", chapter="two_knobs",
+                text=f"the conversation scene's {name} load: {share:.0%} of its capacity")
+    def _rate():
+        return conv_rates()[name]
+
+
+for _name, _share in CONV_LOADS.items():
+    _rate_fact(_name, _share)
+
+
+@facts.fact("conv_prompt_mean", scene="conv", unit="tokens", fmt=",.0f", chapter="two_knobs",
+            text="the mean prompt of the conversation scene's 3,000 requests")
+def _prompt_mean():
+    return float(scenes.scene("conv").requests().prompt_tokens.mean())
+
+
+@facts.fact("conv_output_mean", scene="conv", unit="tokens", fmt=",.0f", chapter="two_knobs",
+            text="the mean output the conversation scene's requests ask for")
+def _output_mean():
+    return float(scenes.scene("conv").requests().output_tokens.mean())
+
+
+@facts.fact("kv_pool_tokens", scene="llama8", unit="tokens", fmt=",.0f", chapter="two_knobs",
+            text="the KV pool vLLM gives Llama-3-8B BF16 on one H100 SXM with its defaults, in tokens (the null "
+                 "block left out)")
+def _kv_pool_tokens():
+    return int((scenes.scene("llama8").cost().kv_pool_blocks() - 1) * 16)

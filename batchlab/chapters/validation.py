@@ -17,6 +17,7 @@ from ..models import get_model
 from ..sim import simulate
 from ..validate import calibration_runs
 from ..workload import Requests, preset
+from . import facts, scenes
 
 # What each measured set is, as the page names it (the code names stay the keys of data/calibration_errors.csv).
 SET_NAMES = {
@@ -591,3 +592,59 @@ def runs_table(runs: pd.DataFrame):
         "lengths": ("lengths", str), "rate": ("rate (req/s)", str), "request_throughput": ("throughput (req/s)", one),
         "mean_ttft_ms": ("mean TTFT (ms)", one), "mean_tpot_ms": ("mean TPOT (ms)", one),
         "preemptions": ("preemptions", "{:,}".format)})
+
+
+# -- facts other pages glue (batchlab.chapters.facts) ----------------------------------------------------------
+# The serving terms are fitted once for every model and GPU; the scene names the model whose cost model the
+# book reads them from.
+def _llama8():
+    return scenes.scene("llama8").cost()
+
+
+@facts.fact("request_latency_ms", scene="llama8", unit="ms", fmt=".1f", chapter="validation",
+            text="the request latency: from the API server's tokenising to the engine seeing a request (HTTP, the "
+                 "hop to the engine core, streaming back), fitted on the measured vLLM runs")
+def _request_latency():
+    return _llama8().request_latency_s * 1e3
+
+
+@facts.fact("step_overhead_ms", scene="llama8", unit="ms", fmt=".2f", chapter="validation",
+            text="the GPU's fixed cost of one iteration, whatever it holds: the kernels' floors, fitted on the "
+                 "measured kernels")
+def _step_overhead():
+    return _llama8().overhead_s * 1e3
+
+
+@facts.fact("cpu_step_ms", scene="llama8", unit="ms", fmt=".2f", chapter="validation",
+            text="the engine's CPU work per iteration (input preparation, scheduling, output processing), before "
+                 "async scheduling hides part of it")
+def _cpu_step():
+    return _llama8().cpu_step_s * 1e3
+
+
+@facts.fact("cpu_seq_us", scene="llama8", unit="µs", fmt=".1f", chapter="validation",
+            text="the engine's CPU work per scheduled sequence and iteration")
+def _cpu_seq():
+    return _llama8().cpu_seq_s * 1e6
+
+
+@facts.fact("cpu_hidden_share", scene="llama8", unit="", fmt=".0%", chapter="validation",
+            text="the share of the engine's CPU work per iteration that async scheduling overlaps with the GPU")
+def _cpu_hidden():
+    return float(_llama8().cpu_hidden_fraction)
+
+
+@facts.fact("fixed_step_sync_ms", scene="llama8", unit="ms", fmt=".2f", chapter="validation",
+            text="what every iteration costs whatever it holds on the synchronous engine: the GPU's fixed cost "
+                 "plus the CPU work per iteration")
+def _fixed_sync():
+    c = _llama8()
+    return (c.overhead_s + c.cpu_step_s) * 1e3
+
+
+@facts.fact("fixed_step_async_ms", scene="llama8", unit="ms", fmt=".2f", chapter="validation",
+            text="the same under vLLM's default async scheduling, which hides its share of the CPU work behind a "
+                 "long enough GPU step")
+def _fixed_async():
+    c = _llama8()
+    return (c.overhead_s + c.cpu_step_s * (1 - c.cpu_hidden_fraction)) * 1e3
