@@ -171,9 +171,9 @@ class FleetResult:
             rows.append({"engine": i, "role": self.role(i), "requests": n, **(self.replica(i).summary() if n else {})})
         return pd.DataFrame(rows).set_index("engine")
 
-    def goodput(self, ttft_s=None, tpot_s=None, e2el_s=None) -> float:
-        """Requests/s the fleet completed within every given SLO (seconds)."""
-        return self.fleet.goodput(ttft_s=ttft_s, tpot_s=tpot_s, e2el_s=e2el_s)
+    def goodput(self, ttft_s=None, tpot_s=None, e2el_s=None, itl_s=None) -> float:
+        """Requests/s the fleet completed within every given SLO (seconds; ``itl_s``: each request's longest gap)."""
+        return self.fleet.goodput(ttft_s=ttft_s, tpot_s=tpot_s, e2el_s=e2el_s, itl_s=itl_s)
 
     @cached_property
     def transfers(self) -> pd.DataFrame:

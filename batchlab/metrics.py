@@ -52,6 +52,22 @@ def inter_token_gaps(token_times_s: np.ndarray, token_offsets: np.ndarray, mask:
     return gaps[keep[1:]]
 
 
+def longest_gaps(token_times_s: np.ndarray, token_offsets: np.ndarray) -> np.ndarray:
+    """Per request, the longest gap between two of its consecutive output tokens (s): the longest stall its user
+    sees in the stream. NaN for a request with fewer than two tokens. The statistic of an ``itl:`` bound
+    (:class:`batchlab.SLO`, chapter 09)."""
+    counts = np.diff(token_offsets)
+    out = np.full(counts.size, np.nan)
+    multi = counts >= 2
+    if not multi.any():
+        return out
+    gaps = np.diff(np.asarray(token_times_s, dtype=float))  # gap i ends at token i + 1
+    straddle = token_offsets[1:-1] - 1  # the gap ending at the next request's first token
+    gaps[straddle[(straddle >= 0) & (straddle < gaps.size)]] = -np.inf
+    out[multi] = np.maximum.reduceat(gaps, token_offsets[:-1][multi])
+    return out
+
+
 def sample_stats(name: str, values_s: np.ndarray) -> dict[str, float]:
     """``mean_{name}_ms`` and the ``PERCENTILES`` of ``values_s`` (seconds; NaN ignored), in milliseconds."""
     v = values_s[np.isfinite(values_s)] * 1e3
@@ -139,16 +155,25 @@ def summary(requests, itl_ms: dict[str, float], busy_s: float) -> dict[str, floa
     return out
 
 
-def goodput(requests, ttft_s: float | None = None, tpot_s: float | None = None, e2el_s: float | None = None) -> float:
+GOODPUT_COLUMNS = {"ttft": "ttft_s", "tpot": "tpot_s", "e2el": "e2el_s", "itl": "longest_itl_s"}
+
+
+def goodput(requests, ttft_s: float | None = None, tpot_s: float | None = None, e2el_s: float | None = None,
+            itl_s: float | None = None) -> float:
     """Requests per second that completed within every given SLO (seconds), as ``vllm bench serve --goodput``.
 
     ``requests`` is a per-request table (``SimResult.requests``, or a mapping of its columns; a result is read
-    through it). Each SLO given must be a number of seconds > 0 (infinity: no limit on that measure)."""
-    slos = {col: slo for col, slo in (("ttft_s", ttft_s), ("tpot_s", tpot_s), ("e2el_s", e2el_s)) if slo is not None}
+    through it). Each SLO given must be a number of seconds > 0 (infinity: no limit on that measure). ``itl_s``
+    bounds each request's longest gap between two tokens (column ``longest_itl_s``, :func:`longest_gaps`), a bound
+    vLLM's ``--goodput`` does not have; a request with one token meets it."""
+    given = {"ttft": ttft_s, "tpot": tpot_s, "e2el": e2el_s, "itl": itl_s}
+    slos = {GOODPUT_COLUMNS[k]: slo for k, slo in given.items() if slo is not None}
     if not slos:
-        raise ValueError("goodput needs at least one SLO: ttft_s, tpot_s or e2el_s")
+        raise ValueError("goodput needs at least one SLO: ttft_s, tpot_s, e2el_s or itl_s")
     inner = getattr(requests, "requests", None)
     if hasattr(inner, "columns"):  # a SimResult or FleetResult
+        if itl_s is not None:
+            return float(requests.goodput(ttft_s=ttft_s, tpot_s=tpot_s, e2el_s=e2el_s, itl_s=itl_s))
         requests = inner
     needed = ["rejected", "arrival_s", "finish_s", *slos]
     missing = [c for c in needed if not hasattr(requests, "__getitem__") or c not in requests]
@@ -159,7 +184,7 @@ def goodput(requests, ttft_s: float | None = None, tpot_s: float | None = None, 
     ok = done.copy()
     for col, slo in slos.items():
         slo = _validate.real(f"{col} SLO", slo, 0.0, math.inf, low_open=True, allow_inf=True, allowed="> 0 seconds")
-        ok &= ~(np.asarray(requests[col]) > slo)  # NaN tpot (one-token output) meets any tpot SLO
+        ok &= ~(np.asarray(requests[col]) > slo)  # NaN (a one-token output) meets a tpot or itl SLO
     if not done.any():
         return 0.0
     duration = float(np.nanmax(np.asarray(requests["finish_s"])[done]) - np.asarray(requests["arrival_s"]).min())

@@ -157,6 +157,14 @@ class SimResult:
             "kind": pd.Categorical.from_codes(raw[:, SCHED_KIND], categories=list(KIND_NAMES)),
         })
 
+    def longest_itl_s(self) -> np.ndarray:
+        """Per request, its longest gap between two consecutive tokens (s; NaN for one token or rejected), the
+        statistic of an ``itl:`` SLO (``record_tokens=True`` only)."""
+        self._need_tokens("longest_itl_s (an itl SLO)")
+        out = metrics.longest_gaps(self.token_times_flat, self.token_offsets)
+        out[self._columns["rejected"]] = np.nan
+        return out
+
     def itl_s(self) -> np.ndarray:
         """Every inter-token gap (s) of completed requests (``record_tokens=True`` only)."""
         done = ~self._columns["rejected"]
@@ -181,11 +189,15 @@ class SimResult:
 
         With ``slo`` (a :class:`batchlab.SLO`), two keys more: ``request_goodput`` (req/s completed with every
         bound met, the key ``vllm bench serve --goodput`` writes) and ``slo_met`` (the SLO's percentile of every
-        bounded latency within its bound, :meth:`batchlab.SLO.met_by`).
+        bounded latency within its bound, :meth:`batchlab.SLO.met_by`); with an ``itl`` bound also
+        ``mean_longest_itl_ms``, ``median_``, ``p90_`` and ``p99_longest_itl_ms`` over the requests' longest
+        gaps (``record_tokens=True`` runs only).
         """
         out = metrics.summary(self._columns, metrics.histogram_stats("itl", self.raw.itl),
                               float(self.raw.totals[TOTAL_BUSY_S]))
         if slo is not None:
+            if slo.itl_ms is not None:  # the per-request statistic the itl bound reads
+                out.update(metrics.sample_stats("longest_itl", self.longest_itl_s()))
             out["request_goodput"] = slo.goodput(self)
             out["slo_met"] = slo.met_by(out)
         return out
@@ -196,6 +208,8 @@ class SimResult:
         return metrics.summary(self._columns, metrics.sample_stats("itl", self.itl_s()),
                                float(np.sum(self.raw.steps[:, STEP_DURATION])))
 
-    def goodput(self, ttft_s=None, tpot_s=None, e2el_s=None) -> float:
-        """Requests/s completed within every given SLO (seconds)."""
-        return metrics.goodput(self._columns, ttft_s=ttft_s, tpot_s=tpot_s, e2el_s=e2el_s)
+    def goodput(self, ttft_s=None, tpot_s=None, e2el_s=None, itl_s=None) -> float:
+        """Requests/s completed within every given SLO (seconds; ``itl_s`` bounds each request's longest gap
+        between two tokens and needs ``record_tokens=True``)."""
+        cols = self._columns if itl_s is None else {**self._columns, "longest_itl_s": self.longest_itl_s()}
+        return metrics.goodput(cols, ttft_s=ttft_s, tpot_s=tpot_s, e2el_s=e2el_s, itl_s=itl_s)

@@ -66,7 +66,8 @@ def expand_grid(grid) -> list[dict]:
 def _run_one(requests, cost, config, slo=None) -> dict:
     knobs = dict(config)
     policy = knobs.pop("policy")
-    res = simulate(requests, policy, cost, **{"record_tokens": False, **knobs})
+    record = slo is not None and slo.needs_tokens  # an itl bound reads each request's longest gap
+    res = simulate(requests, policy, cost, **{"record_tokens": record, **knobs})
     return res.summary() if slo is None else res.summary(slo=slo)
 
 

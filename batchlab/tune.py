@@ -27,7 +27,10 @@ import pandas as pd
 from .sim import simulate, vllm_defaults
 from .sweep import pareto_front, sweep
 
-SLO_KEYS = ("ttft", "tpot", "e2el")  # vLLM's --goodput keys, values in ms
+SLO_KEYS = ("ttft", "tpot", "e2el", "itl")  # vLLM's --goodput keys and batchlab's itl, values in ms
+# The summary() statistic each bound reads: itl bounds a request's longest gap between two tokens, not vLLM's
+# pooled ITL percentiles, which count gaps, not requests.
+SLO_STAT = {"ttft": "ttft", "tpot": "tpot", "e2el": "e2el", "itl": "longest_itl"}
 PERCENTILE_PREFIX = {50.0: "median", 90.0: "p90", 99.0: "p99"}  # the percentiles summary() reports
 DEFAULT_MAX_NUM_SEQS = (8, 16, 32, 64, 128, 256, 512, 1024)
 DEFAULT_MAX_NUM_BATCHED_TOKENS = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
@@ -49,22 +52,33 @@ class SLO:
     Parameters
     ----------
     ttft_ms, tpot_ms, e2el_ms : float, optional
-        Bounds on time to first token, time per output token and end-to-end latency (ms, > 0). At least one.
+        Bounds on time to first token, time per output token and end-to-end latency (ms, > 0), vLLM's three.
+    itl_ms : float, optional
+        A bound on each request's **longest** gap between two consecutive tokens (ms, > 0): the longest stall its
+        user sees. vLLM's ``--goodput`` has no such key. TPOT is the mean gap and hides a stall (one 500 ms pause
+        among 200 tokens at 20 ms adds 2.4 ms to it); vLLM's ITL percentiles pool the gaps of all requests, so
+        they cannot judge one request; and a request's own p99 gap over a few hundred tokens is its longest gap
+        or the next. The longest gap is what the tail of the inter-token latency is made of. Needs the token
+        record: :func:`tune`, :func:`max_rate` and ``sweep`` turn it on for such an SLO.
     percentile : float, default 99.0
         In (0, 100]: the SLO holds for a run when this percentile of every bounded latency is within its bound
-        (:meth:`met_by`). Goodput (:meth:`goodput`) judges each request on its own and ignores it.
+        (:meth:`met_by`; for ``itl``, the percentile of the requests' longest gaps). Goodput (:meth:`goodput`)
+        judges each request on its own and ignores it.
+
+    At least one bound.
     """
 
     ttft_ms: float | None = None
     tpot_ms: float | None = None
     e2el_ms: float | None = None
+    itl_ms: float | None = None
     percentile: float = 99.0
 
     def __post_init__(self):
         for key in SLO_KEYS:
             _check_bound(f"{key}_ms", getattr(self, f"{key}_ms"))
         if all(getattr(self, f"{key}_ms") is None for key in SLO_KEYS):
-            raise ValueError("an SLO needs at least one bound: ttft_ms, tpot_ms or e2el_ms (milliseconds > 0)")
+            raise ValueError("an SLO needs at least one bound: ttft_ms, tpot_ms, e2el_ms or itl_ms (milliseconds > 0)")
         p = self.percentile
         if isinstance(p, bool) or not isinstance(p, (int, float, np.integer, np.floating)) or not 0 < p <= 100:
             raise ValueError(f"percentile must be in (0, 100], got {p!r}")
@@ -91,7 +105,7 @@ class SLO:
         other ``percentile`` raises ValueError.
         """
         prefix = self._prefix()
-        return all(summary[f"{prefix}_{key}_ms"] <= bound for key, bound in self.bounds_ms.items())
+        return all(summary[f"{prefix}_{SLO_STAT[key]}_ms"] <= bound for key, bound in self.bounds_ms.items())
 
     def load(self, summary):
         """How close a run is to the SLO's percentile bounds: the largest ``percentile value / bound`` (no unit).
@@ -103,7 +117,7 @@ class SLO:
         keys as :meth:`met_by`.
         """
         prefix = self._prefix()
-        ratios = [np.asarray(summary[f"{prefix}_{key}_ms"], dtype=float) / bound
+        ratios = [np.asarray(summary[f"{prefix}_{SLO_STAT[key]}_ms"], dtype=float) / bound
                   for key, bound in self.bounds_ms.items()]
         out = np.maximum.reduce(ratios)  # NaN propagates
         return float(out) if np.ndim(out) == 0 else out
@@ -117,11 +131,17 @@ class SLO:
         seconds = {f"{key}_s": bound / 1e3 for key, bound in self.bounds_ms.items()}
         return float(sim_result.goodput(**seconds))
 
+    @property
+    def needs_tokens(self) -> bool:
+        """True when judging a run needs its token record (an ``itl`` bound: each request's longest gap)."""
+        return self.itl_ms is not None
+
 
 def parse_goodput(spec, percentile: float = 99.0) -> SLO:
     """An :class:`SLO` from vLLM's ``--goodput`` syntax: ``"ttft:500 tpot:50"`` or ``["ttft:500", "tpot:50"]``.
 
-    Keys ``ttft``, ``tpot`` and ``e2el``; values in milliseconds, numbers > 0; each key at most once.
+    Keys ``ttft``, ``tpot`` and ``e2el`` (vLLM's) and ``itl`` (batchlab's: each request's longest gap between two
+    tokens, :class:`SLO`); values in milliseconds, numbers > 0; each key at most once.
 
     Raises
     ------
@@ -136,14 +156,14 @@ def parse_goodput(spec, percentile: float = 99.0) -> SLO:
     else:
         raise ValueError(f"goodput SLO must be a string like 'ttft:500 tpot:50' or a list of such items, got {spec!r}")
     if not items:
-        raise ValueError("goodput SLO is empty: give at least one of ttft:<ms>, tpot:<ms>, e2el:<ms>")
+        raise ValueError("goodput SLO is empty: give at least one of ttft:<ms>, tpot:<ms>, e2el:<ms>, itl:<ms>")
     bounds: dict[str, float] = {}
     for item in items:
         key, colon, value = item.partition(":")
         if not colon:
             raise ValueError(f"goodput item {item!r} has no colon: write key:milliseconds, e.g. ttft:500")
         if key not in SLO_KEYS:
-            raise ValueError(f"goodput key {key!r} in {item!r} is unknown: use ttft, tpot or e2el")
+            raise ValueError(f"goodput key {key!r} in {item!r} is unknown: use ttft, tpot, e2el or itl")
         if key in bounds:
             raise ValueError(f"goodput key {key!r} is given twice")
         try:
@@ -227,8 +247,8 @@ def max_rate(requests, cost, slo: SLO, *, policy: str = "chunked", rel_tol: floa
     def holds(rate):
         nonlocal runs
         runs += 1
-        res = simulate(at_rate(requests, rate), policy, cost, **{**knobs, "record_tokens": False})
-        return slo.met_by(res.summary())
+        res = simulate(at_rate(requests, rate), policy, cost, **{**knobs, "record_tokens": slo.needs_tokens})
+        return slo.met_by(res.summary(slo=slo) if slo.needs_tokens else res.summary())
 
     def no_bracket(rate, direction):
         return ValueError(f"no bracket found within max_runs={max_runs} simulations: the SLO still "
@@ -290,7 +310,8 @@ def _values(name: str, values) -> list[int]:
 
 
 def _point(row) -> dict:
-    keys = [k for k in KNOBS if k in row] + ["request_goodput", "p99_ttft_ms", "p99_tpot_ms", "slo_met", "slo_load"]
+    stats = ["request_goodput", "p99_ttft_ms", "p99_tpot_ms", "p99_itl_ms", "slo_met", "slo_load"]
+    keys = [k for k in KNOBS if k in row] + stats + [k for k in ("p99_longest_itl_ms",) if k in row]
     out = {}
     for k in keys:
         v = row[k]

@@ -28,6 +28,7 @@ import functools
 import itertools
 import json
 import os
+from pathlib import Path
 
 import altair as alt
 import numpy as np
@@ -104,6 +105,7 @@ def _theme() -> alt.theme.ThemeConfig:
 # -- offline renderer ----------------------------------------------------------------------------------------
 _BUNDLE_SNIPPET = """
 window.vegaEmbed = vegaEmbed; window.vega = vega; window.vegaLite = vegaLite;
+""" + (Path(__file__).with_name("viz.js")).read_text() + """
 var waiting = window.batchlabCharts;
 window.batchlabCharts = {push: function (draw) { draw(); }};
 if (Array.isArray(waiting)) { waiting.forEach(function (draw) { draw(); }); }
@@ -113,11 +115,9 @@ _DRAW = """(function () {
   var el = document.currentScript && document.currentScript.previousElementSibling;
   if (!el || el.id !== "%(id)s") { el = document.getElementById("%(id)s"); }
   var spec = %(spec)s;
-  var draw = function () {
-    window.vegaEmbed(el, spec, %(opts)s).catch(function (err) { console.error("vega: " + err); });
-  };
+  var draw = function () { window.batchlabDraw(el, spec, %(opts)s); };
   var queue = window.batchlabCharts;
-  if (!queue && window.vegaEmbed) { draw(); } else { (window.batchlabCharts = queue || []).push(draw); }
+  if (!queue && window.batchlabDraw) { draw(); } else { (window.batchlabCharts = queue || []).push(draw); }
 })();"""
 # currentScript: two notebooks open in one JupyterLab window can both hold a "batchlab-chart-1".
 
@@ -173,6 +173,9 @@ def render(spec: dict, **metadata) -> dict:
     """
     global _library_sent
     chart_id = f"{CHART_ID_PREFIX}{next(_chart_ids)}"
+    sliders = _slider_labels(spec)
+    if sliders:
+        spec = {**spec, "usermeta": {**spec.get("usermeta", {}), "sliderLabels": sliders}}
     html = (f'<div id="{chart_id}" class="{CHART_CLASS}"></div>\n<script type="text/javascript">'
             + _DRAW % {"id": chart_id, "spec": _script_json(spec), "opts": _script_json(EMBED_OPTIONS)}
             + "</script>")
@@ -191,7 +194,11 @@ alt.data_transformers.enable("default", max_rows=MAX_ROWS)
 
 
 # -- grids behind controls ----------------------------------------------------------------------------------
-def grid_param(name: str, values, label: str | None = None, field: str | None = None, value=None, labels=None):
+_SLIDER_LABELS: dict[tuple, dict] = {}  # (param, min, step, n) -> what its slider shows at each position
+
+
+def grid_param(name: str, values, label: str | None = None, field: str | None = None, value=None, labels=None,
+               control: str | None = None):
     """A parameter bound to a control over precomputed ``values``, and the filter that selects them.
 
     Parameters
@@ -199,19 +206,23 @@ def grid_param(name: str, values, label: str | None = None, field: str | None = 
     name : str
         Parameter name (a JavaScript identifier).
     values : array-like of float
-        The grid the data was computed on. Evenly spaced values get a range slider, others a select box,
-        a single value no control.
+        The grid the data was computed on.
     label : str, optional
-        Text beside the control (defaults to ``name``).
+        Text beside the control, in words with the unit (defaults to ``name``).
     field : str, optional
         Column holding the grid value in the chart's data (defaults to ``name``).
     value : float, optional
-        Initial value (defaults to the smallest; with ``labels``, the grid value nearest it).
+        Initial value (defaults to the smallest; the grid value nearest it).
     labels : list of str or callable, optional
         What the reader sees for each grid value when the grid is an encoding (log2 of a budget, an index):
         one string per distinct value in ascending order of value, or a function from a value to its string.
-        Up to :data:`MAX_RADIO_OPTIONS` values get radio buttons, more a select box; the parameter's value stays
-        the grid value, so predicates on it are unchanged. :func:`grid_labels` reads them from a frame.
+        :func:`grid_labels` reads them from a frame. The parameter's value stays the grid value, so predicates
+        on it are unchanged.
+    control : {"slider", "radio", "select"}, optional
+        Default: a slider wherever the grid is evenly spaced (in its encoding: log2 grids are), so that moving
+        it feels continuous, its value shown in the reader's units (the labels: the page's runtime,
+        ``batchlab/viz.js``, writes them beside the slider); otherwise radio buttons up to
+        :data:`MAX_RADIO_OPTIONS` labelled values and a select box beyond. A single value gets no control.
 
     Returns
     -------
@@ -223,22 +234,59 @@ def grid_param(name: str, values, label: str | None = None, field: str | None = 
     grid = np.unique(np.asarray(values, dtype=float))
     gaps = np.diff(grid)
     start = float(grid[0] if value is None else value)
+    start = float(grid[np.abs(grid - start).argmin()])  # a control can only sit on a grid value
+    shown = None
     if labels is not None and grid.size > 1:
         shown = [str(labels(v)) for v in grid.tolist()] if callable(labels) else [str(t) for t in labels]
         if len(shown) != grid.size:
             raise ValueError(f"labels: {len(shown)} given for {grid.size} grid values {grid.tolist()}")
-        kind = alt.binding_radio if grid.size <= MAX_RADIO_OPTIONS else alt.binding_select
-        bind = kind(options=grid.tolist(), labels=shown, name=label or name)
-        start = float(grid[np.abs(grid - start).argmin()])  # a radio button or option is checked only on its value
-    elif grid.size > 1 and np.allclose(gaps, gaps[0]):
-        bind = alt.binding_range(min=float(grid[0]), max=float(grid[-1]), step=float(gaps[0]), name=label or name)
-    elif grid.size > 1:
-        bind = alt.binding_select(options=grid.tolist(), name=label or name)
-    else:
+    even = grid.size > 1 and bool(np.allclose(gaps, gaps[0]))
+    if control is None:
+        control = "slider" if even else "radio" if shown is not None and grid.size <= MAX_RADIO_OPTIONS else "select"
+    if control not in ("slider", "radio", "select"):
+        raise ValueError(f"control must be 'slider', 'radio' or 'select', got {control!r}")
+    if grid.size <= 1:
         bind = alt.Undefined  # one value (a live explore cell): nothing to choose
+    elif control == "slider":
+        if not even:
+            raise ValueError(f"a slider needs an evenly spaced grid (encode it as log2 or an index): {grid.tolist()}")
+        bind = alt.binding_range(min=float(grid[0]), max=float(grid[-1]), step=float(gaps[0]), name=label or name)
+        if shown is not None:
+            _SLIDER_LABELS[(name, float(grid[0]), float(gaps[0]), grid.size)] = {
+                "min": float(grid[0]), "step": float(gaps[0]), "labels": shown}
+    elif control == "radio":
+        bind = alt.binding_radio(options=grid.tolist(), labels=shown, name=label or name) if shown is not None \
+            else alt.binding_radio(options=grid.tolist(), name=label or name)
+    else:
+        bind = alt.binding_select(options=grid.tolist(), labels=shown, name=label or name) if shown is not None \
+            else alt.binding_select(options=grid.tolist(), name=label or name)
     tolerance = float(gaps.min() / 2) if grid.size > 1 else 0.5
     param = alt.param(name=name, value=start, bind=bind)
     return param, f"abs(datum['{field or name}'] - {name}) < {tolerance!r}"
+
+
+def _slider_labels(spec: dict) -> dict:
+    """The labels of every labelled slider bound in ``spec`` (:func:`grid_param`), for ``usermeta.sliderLabels``."""
+    out = {}
+
+    def walk(v):
+        if isinstance(v, dict):
+            bind = v.get("bind")
+            if isinstance(bind, dict) and bind.get("input") == "range" and "name" in v:
+                n = round((bind["max"] - bind["min"]) / bind["step"]) + 1
+                found = _SLIDER_LABELS.get((v["name"], float(bind["min"]), float(bind["step"]), n))
+                if found:
+                    out[v["name"]] = found
+            for x in v.values():
+                walk(x)
+        elif isinstance(v, list):
+            for x in v:
+                walk(x)
+
+    walk(spec.get("params", []))
+    for key in ("vconcat", "hconcat", "concat", "layer"):
+        walk([sub.get("params", []) for sub in spec.get(key, [])])
+    return out
 
 
 def grid_labels(frame: pd.DataFrame, grid: str, shown: str, fmt: str = "{:,}") -> list[str]:

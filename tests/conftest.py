@@ -67,3 +67,27 @@ def pytest_terminal_summary(terminalreporter):
         n = counts["examples"]
         shares = ", ".join(f"{kind} {counts[kind] / n:.0%}" for kind in KINDS[1:])
         terminalreporter.write_line(f"{test}: {n} examples; {shares}")
+
+
+@pytest.fixture(scope="session")
+def site():
+    """The built book served on 127.0.0.1 (needs ``make book``)."""
+    import bookpage
+
+    if not (bookpage.HTML / "index.html").exists():
+        pytest.fail(f"{bookpage.HTML} has no built book: run `make book` first")
+    url, stop = bookpage.serve()
+    yield url
+    stop()
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """Debian's Chromium, headless, driven by Playwright."""
+    import bookpage
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=bookpage.CHROMIUM, headless=True, args=bookpage.CHROMIUM_ARGS)
+        yield b
+        b.close()

@@ -16,49 +16,42 @@ Saves a full-page PNG of every page at both widths to ``_build/screenshots/<page
 ``<page>-400.png``, and of each page's first chart to ``_build/screenshots/<page>.png``, for a reviewer to look at.
 
 To cover a new notebook: add it to ``_toc.yml`` (every TOC page is opened), and if its headline chart has bound
-controls, add ``"notebooks/NN_slug": <number of them>`` to ``SLIDER_PAGES``, ``RADIO_PAGES`` or ``SELECT_PAGES``.
+controls, give its line of ``CONTROLS`` the number of each kind.
 """
 from __future__ import annotations
 
 import ast
-import functools
-import http.server
 import re
-import threading
 from pathlib import Path
 
 import pytest
 import yaml
+from bookpage import CHART, HTML, MATH, ROOT, SCREENSHOTS, Visit
 
 pytestmark = pytest.mark.browser
 
-ROOT = Path(__file__).resolve().parents[1]
-HTML = ROOT / "_build" / "html"
-SCREENSHOTS = ROOT / "_build" / "screenshots"
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-LOCAL_HOSTS = {"127.0.0.1"}
-CHART = "div[id^=batchlab-chart-]"
 WIDTHS = (1280, 400)  # a laptop window and a phone: every chart must fit the text column at both
 
-# Page (TOC path without suffix) -> how many range sliders its charts must have; each must redraw its chart.
-SLIDER_PAGES = {
-    "notebooks/01_static_batching": 1,
-    "notebooks/02_dynamic_batching": 1,  # max queue delay (the latency metric is a select box)
+# Page -> the controls bound to its charts, by kind: range sliders, radio groups, select boxes and checkboxes. The
+# page must have exactly these, and moving each must redraw its chart (readouts included). One line per page: a
+# chapter that adds a control changes its own line.
+CONTROLS = {
+    "notebooks/01_static_batching": {"range": 1},  # output-length CV
+    "notebooks/02_dynamic_batching": {"range": 1, "select": 1},  # max queue delay; the latency metric
+    "notebooks/03_continuous_batching": {"range": 1},  # the highlighted request
+    "notebooks/04_step_time_roofline": {"range": 1},  # context per sequence (tokens)
+    "notebooks/05_prefill_spike": {"select": 2},  # model and scheduler order
+    "notebooks/06_chunked_prefill": {"range": 1, "checkbox": 1},  # token budget; chunking on or off
+    "notebooks/07_piggybacking": {"range": 1},  # token budget of the split chart
+    "notebooks/08_two_knobs": {"range": 2, "radio": 1},  # max_num_seqs, max_num_batched_tokens; the rate
+    "notebooks/09_tuning": {"range": 3},  # workload, SLO and load of the goodput map
+    "notebooks/10_prefix_caching": {"range": 1, "radio": 1},  # KV pool (GiB); workload
+    "notebooks/11_disaggregation": {"range": 1, "radio": 1},  # SLO; workload
+    "notebooks/13_validation": {"select": 1},  # the measured set
+    "notebooks/14_fact_check": {"range": 1},  # token budget
 }
-# Page -> how many radio groups bound to its charts: grids encoded as log2 or an index, labelled with the value
-# in tokens or sequences (viz.grid_param's labels). Picking another button in each must redraw its chart.
-RADIO_PAGES = {
-    "notebooks/04_step_time_roofline": 1,  # context per sequence (tokens)
-    "notebooks/06_chunked_prefill": 1,  # token budget (and a chunking checkbox)
-    "notebooks/07_piggybacking": 1,  # token budget of the split chart
-    "notebooks/08_two_knobs": 3,  # max_num_seqs, max_num_batched_tokens and the request rate
-    "notebooks/14_fact_check": 1,
-    "notebooks/09_tuning": 3,  # workload, SLO (in ms) and load of the goodput map
-    "notebooks/10_prefix_caching": 2,  # workload and KV pool (in GiB) of the hit-rate chart
-    "notebooks/11_disaggregation": 2,  # workload and SLO (TTFT and TPOT bounds in ms) of the goodput chart
-}
+CONTROL_SELECTORS = {"range": "input[type=range]", "radio": ".vega-bind-radio", "select": "select",
+                     "checkbox": "input[type=checkbox]"}
 
 
 def toc_pages() -> list[str]:
@@ -80,84 +73,6 @@ def toc_pages() -> list[str]:
 
 
 PAGES = toc_pages()
-
-
-@pytest.fixture(scope="module")
-def site():
-    if not (HTML / "index.html").exists():
-        pytest.fail(f"{HTML} has no built book: run `make book` first")
-    handler = functools.partial(_QuietHandler, directory=str(HTML))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
-
-
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args):
-        pass
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
-
-
-class Visit:
-    """One page opened in a fresh context, with every request, console error and page error recorded."""
-
-    def __init__(self, browser, url, width: int = 1280):
-        self.requests, self.blocked, self.errors = [], [], []
-        self.context = browser.new_context(viewport={"width": width, "height": 1000 if width >= 800 else 860})
-        self.page = self.context.new_page()
-        self.page.route("**/*", self._route)
-        self.pending = set()
-        self.page.on("request", lambda r: (self.requests.append(r.url), self.pending.add(r.url)))
-        self.page.on("requestfinished", lambda r: self.pending.discard(r.url))
-        self.page.on("requestfailed", lambda r: self.pending.discard(r.url))
-        self.page.on("websocket", lambda ws: self.blocked.append(ws.url))
-        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
-        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
-        self.page.goto(url, wait_until="load")
-
-    def _route(self, route):
-        url = route.request.url
-        host = re.match(r"^[a-z]+://([^/:]+)", url)
-        if host and host.group(1) not in LOCAL_HOSTS:
-            self.blocked.append(url)
-            route.abort()
-        else:
-            route.continue_()
-
-    def charts(self):
-        return self.page.locator(CHART)
-
-    def wait_drawn(self, chart_id: str):
-        self.page.wait_for_selector(f"#{chart_id} svg, #{chart_id} canvas", state="attached", timeout=15_000)
-
-    def wait_all_drawn(self) -> list[str]:
-        ids = [self.charts().nth(i).get_attribute("id") for i in range(self.charts().count())]
-        for chart_id in ids:
-            self.wait_drawn(chart_id)
-        return ids
-
-    def wait_math(self) -> None:
-        """Wait until MathJax has typeset the page (nothing to wait for on a page without math)."""
-        if self.page.locator(MATH).count() == 0:
-            return
-        self.page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise",
-                                    timeout=15_000)
-        self.page.evaluate("() => MathJax.startup.promise.then(() => true)")
-
-    def close(self):
-        self.context.close()
 
 
 @pytest.fixture
@@ -183,10 +98,8 @@ def test_toc_pages_were_built():
     assert not missing, f"pages in _toc.yml with no HTML (run `make book`): {missing}"
 
 
-def test_slider_pages_are_in_toc():
-    assert set(SLIDER_PAGES) <= set(PAGES), "SLIDER_PAGES names a page that is not in _toc.yml"
-    assert set(SELECT_PAGES) <= set(PAGES), "SELECT_PAGES names a page that is not in _toc.yml"
-    assert set(RADIO_PAGES) <= set(PAGES), "RADIO_PAGES names a page that is not in _toc.yml"
+def test_control_pages_are_in_toc():
+    assert set(CONTROLS) <= set(PAGES), "CONTROLS names a page that is not in _toc.yml"
 
 
 @pytest.mark.parametrize("visit", PAGES, indirect=True)
@@ -210,7 +123,6 @@ def test_page_is_offline_and_every_chart_draws(visit):
 
 
 # -- formulas -------------------------------------------------------------------------------------------------
-MATH = "span.math, div.math"  # what Sphinx writes for $...$ and $$...$$; MathJax typesets inside it
 
 # Text a reader sees, outside code, charts and MathJax's own output, that still looks like TeX.
 _RAW_TEX_JS = r"""() => {
@@ -366,42 +278,43 @@ def _pick_other_option(select):
     select.select_option(next(o for o in options if o != select.input_value()))
 
 
-def _each_control_redraws(visit, selector: str, expected: dict, change, shot: str, noun: str):
-    """Every control of the page's charts matching ``selector`` (at least ``expected[page]`` of them) redraws
-    its chart when ``change`` is applied; screenshots ``<page>-<shot><i>.png``."""
-    page, v = visit
-    controls = v.page.locator(f"{CHART} .vega-bindings {selector}")
-    assert controls.count() >= expected[page], f"{page}: expected {expected[page]} {noun}"
-    for i in range(controls.count()):
-        _redraws(v, page, controls.nth(i), change, f"{shot}{i + 1}")
-    assert not v.errors, f"{page}: console errors {v.errors}"
-
-
-@pytest.mark.parametrize("visit", sorted(SLIDER_PAGES), indirect=True)
-def test_every_bound_slider_redraws_its_chart(visit):
-    _each_control_redraws(visit, "input[type=range]", SLIDER_PAGES, _move_slider, "slider", "sliders")
-
-
 def _pick_other_button(group):
     group.locator("input[type=radio]:not(:checked)").first.check()
 
 
-@pytest.mark.parametrize("visit", sorted(RADIO_PAGES), indirect=True)
-def test_every_bound_radio_group_redraws_its_chart(visit):
-    _each_control_redraws(visit, ".vega-bind-radio", RADIO_PAGES, _pick_other_button, "radio", "radio groups")
+def _toggle(box):
+    box.click()
 
 
-# Page -> how many select boxes bound to its charts; choosing another option in each must redraw its chart.
-SELECT_PAGES = {
-    "notebooks/03_continuous_batching": 1,  # the highlighted request (none, or request 0, 1, ...)
-    "notebooks/05_prefill_spike": 2,  # model and scheduler order
-    "notebooks/13_validation": 1,
-}
+CHANGES = {"range": _move_slider, "radio": _pick_other_button, "select": _pick_other_option, "checkbox": _toggle}
+CONTROL_CASES = [(page, kind) for page, kinds in CONTROLS.items() for kind in kinds]
 
 
-@pytest.mark.parametrize("visit", sorted(SELECT_PAGES), indirect=True)
-def test_every_bound_select_redraws_its_chart(visit):
-    _each_control_redraws(visit, "select", SELECT_PAGES, _pick_other_option, "select", "select boxes")
+@pytest.mark.parametrize("visit, kind", CONTROL_CASES, indirect=["visit"],
+                         ids=[f"{p}-{k}" for p, k in CONTROL_CASES])
+def test_every_bound_control_redraws_its_chart(visit, kind):
+    """The page has exactly its controls of this kind, and each one, moved, redraws its chart."""
+    page, v = visit
+    v.wait_all_drawn()
+    controls = v.page.locator(f"{CHART} .vega-bindings {CONTROL_SELECTORS[kind]}")
+    assert controls.count() == CONTROLS[page][kind], f"{page}: {controls.count()} {kind} controls"
+    for i in range(controls.count()):
+        if controls.nth(i).is_disabled():
+            continue  # disabled in this state (a checkbox elsewhere turns it on)
+        _redraws(v, page, controls.nth(i), CHANGES[kind], f"{kind}{i + 1}")
+    assert not v.errors, f"{page}: console errors {v.errors}"
+
+
+def test_pages_have_no_controls_beyond_the_listed_ones(site, browser):
+    for page in PAGES:
+        if page in CONTROLS:
+            continue
+        v = Visit(browser, f"{site}/{page}.html")
+        try:
+            v.wait_all_drawn()
+            assert v.page.locator(f"{CHART} .vega-bindings input, {CHART} .vega-bindings select").count() == 0, page
+        finally:
+            v.close()
 
 
 _EXTERNAL_ASSET = re.compile(
@@ -455,3 +368,107 @@ def test_live_kernel_output_draws_without_the_book(browser, tmp_path):
         page.wait_for_selector(f"#batchlab-chart-{n} svg", state="attached", timeout=15_000)
     context.close()
     assert not errors and not foreign, (errors, foreign)
+
+
+# -- charts are readable: text size, overlaps, cut labels, separators -------------------------------------------
+MIN_TEXT_PX = 7.0  # the smallest chart text a reader can read on a phone
+
+# Every text of every chart: its rendered size (font size times the svg's scale on screen), its box, its role.
+_CHART_TEXT_JS = r"""() => {
+  const out = [];
+  for (const chart of document.querySelectorAll('div[id^=batchlab-chart-]')) {
+    const svg = chart.querySelector('svg.marks');
+    if (!svg) continue;
+    for (const t of svg.querySelectorAll('text')) {
+      const text = t.textContent.trim();
+      if (!text || t.closest('[opacity="0"]') || getComputedStyle(t).opacity === '0') continue;
+      const m = t.getScreenCTM();
+      const scale = m ? Math.hypot(m.a, m.b) : 1;
+      const size = parseFloat(t.getAttribute('font-size') || getComputedStyle(t).fontSize) * scale;
+      const b = t.getBoundingClientRect();
+      const group = t.closest('g[class*="role-"]');
+      const role = group ? [...group.classList].filter(c => c.startsWith('role-')).join(' ') : '';
+      const mark = t.closest('g.mark-text') && role.includes('role-mark') ? 'mark-text' : '';  // not axes, legends
+      out.push({chart: chart.id, text, px: Math.round(size * 10) / 10, role, mark,
+                box: [b.left, b.top, b.right, b.bottom]});
+    }
+  }
+  return out;
+}"""
+
+
+def _same_place(a, b) -> bool:
+    return all(abs(x - y) < 1.0 for x, y in zip(a, b))
+
+
+def _overlaps(a, b) -> bool:
+    (l1, t1, r1, b1), (l2, t2, r2, b2) = a, b
+    pad = 0.5
+    return l1 < r2 - pad and l2 < r1 - pad and t1 < b2 - pad and t2 < b1 - pad
+
+
+@pytest.mark.parametrize("visit_at", PAGES_AT_WIDTHS, indirect=True, ids=[f"{p}-{w}" for p, w in PAGES_AT_WIDTHS])
+def test_chart_text_is_readable_and_whole(visit_at):
+    """At this width every chart's text is at least 7 px tall; no text label of a mark overlaps another; no label,
+    title or legend entry is cut short ("…"); no axis number of five digits or more lacks thousands separators."""
+    page, width, v = visit_at
+    v.wait_all_drawn()
+    texts = v.page.evaluate(_CHART_TEXT_JS)
+    small = sorted({(t["chart"], t["text"][:30], t["px"]) for t in texts if t["px"] < MIN_TEXT_PX})
+    assert not small, f"{page} at {width} px: chart text under {MIN_TEXT_PX} px: {small[:12]}"
+    cut = sorted({(t["chart"], t["text"]) for t in texts if t["text"].endswith(("…", "..."))})
+    assert not cut, f"{page} at {width} px: chart text cut short: {cut}"
+    bare = sorted({(t["chart"], t["text"]) for t in texts if "axis-label" in t["role"]
+                   and re.fullmatch(r"-?\d{5,}(\.\d+)?", t["text"])})
+    assert not bare, f"{page} at {width} px: axis numbers without thousands separators: {bare}"
+    labels = [t for t in texts if t["mark"]]
+    clash = [(a["chart"], a["text"][:24], b["text"][:24]) for i, a in enumerate(labels) for b in labels[i + 1:]
+             if a["chart"] == b["chart"] and _overlaps(a["box"], b["box"])
+             and not (a["text"] == b["text"] and _same_place(a["box"], b["box"]))]  # one label drawn twice
+    assert not clash, f"{page} at {width} px: text labels of a chart overlap: {clash[:8]}"
+
+
+_TABLES_JS = r"""() => [...document.querySelectorAll('article table')].map(t => ({
+  head: (t.querySelector('th') || {}).textContent, scroll: t.scrollWidth, box: t.parentElement.clientWidth,
+  stacked: t.classList.contains('batchlab-stacked')}))"""
+
+
+@pytest.mark.parametrize("visit_at", [(p, 400) for p in PAGES], indirect=True, ids=[f"{p}-400" for p in PAGES])
+def test_every_table_column_is_visible_on_a_phone(visit_at):
+    """At 400 px no table hides columns behind a sideways scroll: a wide one is stacked, one block per row."""
+    page, _, v = visit_at
+    hidden = [t for t in v.page.evaluate(_TABLES_JS) if t["scroll"] > t["box"] + 1]
+    assert not hidden, f"{page} at 400 px: tables wider than the column: {hidden}"
+
+
+# -- a book, not a folder of notebooks ------------------------------------------------------------------------------
+CHAPTER_PAGES = [p for p in PAGES if p.startswith("notebooks/")]
+MAX_OPEN_CELLS = 2  # code cells a chapter shows open: the ones that teach the API
+
+
+@pytest.mark.parametrize("visit", CHAPTER_PAGES, indirect=True)
+def test_at_most_two_code_cells_are_open(visit):
+    page, v = visit
+    shown = [c for c in v.page.evaluate(_CELL_INPUTS_JS) if c["shown"]]
+    assert len(shown) <= MAX_OPEN_CELLS, (
+        f"{page}: {len(shown)} code cells open (fold the others with hide-input): "
+        f"{[c['source'].strip()[:50] for c in shown]}")
+
+
+def test_chapters_are_numbered_in_reading_order(site, browser):
+    """Every chapter's title carries its number, the file's number, and the sidebar lists them in that order."""
+    v = Visit(browser, f"{site}/book/intro.html")
+    try:
+        entries = v.page.evaluate(r"""() => [...document.querySelectorAll('nav.bd-docs-nav a.reference')]
+            .map(a => ({href: a.getAttribute('href'), text: a.textContent.trim()}))""")
+    finally:
+        v.close()
+    numbered = [(e["href"].removeprefix("../"), e["text"]) for e in entries if "notebooks/" in e["href"]]
+    assert len(numbered) == len(CHAPTER_PAGES)
+    for (href, text), page in zip(numbered, CHAPTER_PAGES):
+        n = int(Path(page).name[:2])
+        assert href.split("#")[0] == f"{page}.html" and text.startswith(f"{n}. "), (href, text, page)
+    for page in CHAPTER_PAGES:
+        html = (HTML / f"{page}.html").read_text(encoding="utf-8")
+        h1 = next(h for h in re.findall(r"<h1>(.*?)</h1>", html, re.S) if "headerlink" in h)  # the page's, not print's
+        assert f'<span class="section-number">{int(Path(page).name[:2])}. </span>' in h1, (page, h1[:120])

@@ -238,7 +238,7 @@ def test_goodput_edges_by_hand():
     assert metrics.goodput(frame.assign(rejected=True), ttft_s=1.0) == 0.0
     instant = frame.assign(arrival_s=[0.5, 0.5], finish_s=[0.5, 0.5])
     assert metrics.goodput(instant, ttft_s=1.0) == 0.0
-    with pytest.raises(ValueError, match="^goodput needs at least one SLO: ttft_s, tpot_s or e2el_s$"):
+    with pytest.raises(ValueError, match="^goodput needs at least one SLO: ttft_s, tpot_s, e2el_s or itl_s$"):
         metrics.goodput(frame)
     with pytest.raises(ValueError, match=r"^e2el_s SLO must be > 0 seconds, got -1$"):
         metrics.goodput(frame, e2el_s=-1)

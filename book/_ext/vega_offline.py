@@ -23,6 +23,7 @@ from sphinx.util import logging
 
 BUNDLE = "batchlab-vega.js"
 STYLE = "batchlab-charts.css"
+TABLES = "batchlab-tables.js"
 # A chart scales down to the text column, svg and legend together at their aspect ratio (vega's svg has a viewBox),
 # instead of spilling over or scrolling: on a phone the whole chart stays in view. Slider labels in the chart's
 # type size. A display formula or a table wider than a phone's column scrolls sideways inside the column, and a
@@ -40,6 +41,60 @@ div.math { max-width: 100%; overflow-x: auto; overflow-y: hidden; }
 :is(h1, h2, h3) code, :is(h1, h2, h3) code span.pre { overflow-wrap: anywhere; white-space: normal; }
 table code, table code span.pre { overflow-wrap: anywhere; white-space: normal; }
 .prev-next-area a code, .prev-next-area a code span.pre { overflow-wrap: anywhere; white-space: normal; }
+.batchlab-chart .batchlab-slider-value { display: inline-block; min-width: 4.5em; margin-left: 0.4rem;
+  font-variant-numeric: tabular-nums; }
+html[data-theme="dark"] .batchlab-chart .vega-bindings { color-scheme: dark; }
+html[data-theme="dark"] .batchlab-chart .vega-bindings input { accent-color: #56B4E9; }
+html[data-theme="dark"] .batchlab-chart svg.marks { background: #ffffff; border-radius: 2px; }
+/* A table wider than its column becomes one block per row, each cell under its header (batchlab-tables.js), so
+   every column stays readable on a phone instead of hiding behind a sideways scroll. */
+table.batchlab-stacked, table.batchlab-stacked tbody, table.batchlab-stacked tr, table.batchlab-stacked td,
+table.batchlab-stacked th { display: block; width: auto !important; text-align: left !important; }
+table.batchlab-stacked { overflow-x: visible; }
+table.batchlab-stacked thead { display: none; }
+table.batchlab-stacked tr { border-top: 1px solid #bbb; padding: 0.35rem 0; }
+table.batchlab-stacked td, table.batchlab-stacked tbody th { border: none; padding: 0.1rem 0; }
+table.batchlab-stacked td[data-label]::before, table.batchlab-stacked tbody th[data-label]::before {
+  content: attr(data-label) ": "; font-weight: 600; }
+"""
+# Mark every table wider than its column as stacked (and undo it when the column grows), labelling each cell with its
+# column's header: the CSS above then shows it as one block per row.
+TABLES_JS = """(function () {
+  function headers(table) {
+    var rows = table.tHead ? table.tHead.rows : [];
+    if (!rows.length) { return []; }
+    var last = rows[rows.length - 1], out = [];
+    for (var i = 0; i < last.cells.length; i++) {
+      var c = last.cells[i], span = c.colSpan || 1;
+      for (var k = 0; k < span; k++) { out.push(c.textContent.trim()); }
+    }
+    return out;
+  }
+  function label(table) {
+    var names = headers(table);
+    for (var r = 0; r < table.tBodies.length; r++) {
+      var rows = table.tBodies[r].rows;
+      for (var j = 0; j < rows.length; j++) {
+        var cells = rows[j].cells, offset = names.length - cells.length;
+        for (var i = 0; i < cells.length; i++) {
+          var name = names[i + Math.max(offset, 0)];
+          if (name) { cells[i].setAttribute("data-label", name); }
+        }
+      }
+    }
+  }
+  function fit() {
+    var tables = document.querySelectorAll("article table");
+    for (var i = 0; i < tables.length; i++) {
+      var t = tables[i], box = t.parentElement;
+      t.classList.remove("batchlab-stacked");
+      if (t.scrollWidth > box.clientWidth + 1) { label(t); t.classList.add("batchlab-stacked"); }
+    }
+  }
+  var timer = null;
+  window.addEventListener("resize", function () { clearTimeout(timer); timer = setTimeout(fit, 150); });
+  if (document.readyState === "loading") { document.addEventListener("DOMContentLoaded", fit); } else { fit(); }
+})();
 """
 logger = logging.getLogger(__name__)
 
@@ -87,7 +142,7 @@ def _write_bundle(app) -> None:
         return
     from batchlab.viz import offline_bundle
 
-    for name, text in ((BUNDLE, offline_bundle()), (STYLE, CHART_CSS)):
+    for name, text in ((BUNDLE, offline_bundle()), (STYLE, CHART_CSS), (TABLES, TABLES_JS)):
         path = Path(app.outdir) / "_static" / name
         if not path.exists() or path.read_text(encoding="utf-8") != text:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -110,7 +165,11 @@ def _drop_thebe(app, pagename, templatename, context, doctree) -> None:
 
     def is_thebe(asset) -> bool:
         body = str((getattr(asset, "attributes", None) or {}).get("body", ""))
-        return "thebe" in str(getattr(asset, "filename", asset) or "") or "THEBE_JS_URL" in body
+        # and the explore cells' ipywidgets state: with no widget manager on the page (nb_ipywidgets_js is empty) it
+        # draws nothing, yet it would carry a second copy of every chart those cells showed
+        return ("thebe" in str(getattr(asset, "filename", asset) or "") or "THEBE_JS_URL" in body
+                or "application/vnd.jupyter.widget-state+json" in str(
+                    (getattr(asset, "attributes", None) or {}).get("type", "")))
 
     for key in ("script_files", "css_files"):
         if key in context:
@@ -138,6 +197,7 @@ def setup(app):
     os.environ["BATCHLAB_BOOK"] = "1"
     app.add_js_file(BUNDLE, priority=200)  # before the pages' inline chart scripts; classic, not deferred
     app.add_css_file(STYLE)
+    app.add_js_file(TABLES)
     app.connect("builder-inited", _write_bundle)
     app.connect("env-get-outdated", _reread_everything)
     app.connect("html-page-context", _drop_thebe, priority=900)  # after sphinx-thebe added its assets
