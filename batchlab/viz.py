@@ -56,9 +56,15 @@ TITLES = {  # column -> axis title; lowercase, with units
     "context": "context per sequence (tokens)",
     "step_time_ms": "step time (ms)",
     "time_s": "time (s)",
-    "start_s": "time (s)",
+    "start_s": "start (s)",
+    "end_s": "end (s)",
     "running": "running sequences",
     "itl_ms": "inter-token latency (ms)",
+    "rate_req_s": "request rate (req/s)",
+    "decode_seqs": "decode sequences",
+    "prefill_tokens": "prompt tokens in the step",
+    "duration_s": "step time (s)",
+    "pool_gib": "KV pool (GiB)",
     "output_throughput": "output throughput (tok/s)",
     "total_token_throughput": "total throughput (tok/s)",
     "request_throughput": "request throughput (req/s)",
@@ -74,14 +80,43 @@ MODEL_NAMES = {"llama-3-8b": "Llama-3-8B", "llama-3-70b": "Llama-3-70B", "llama-
                "llama-3.1-70b": "Llama-3.1-70B", "codellama-34b": "CodeLlama-34B", "qwen3-32b": "Qwen3-32B"}
 
 
+_ACRONYMS = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2el": "end-to-end latency", "kv": "KV", "gpu": "GPU",
+             "gib": "GiB", "req": "req", "p99": "p99", "p90": "p90", "mfu": "MFU", "slo": "SLO", "cv": "CV"}
+_UNITS = (("_req_s", "req/s"), ("_tok_s", "tok/s"), ("_ms", "ms"), ("_us", "µs"), ("_s", "s"), ("_tokens", "tokens"),
+          ("_gib", "GiB"), ("_gb", "GB"))
+
+
 def title(column: str) -> str:
-    """Axis title of a column: from :data:`TITLES`, else a vLLM summary name (``p99_ttft_ms`` -> "p99 ttft (ms)")."""
+    """A column as a reader reads it, in words with its unit: from :data:`TITLES`, else spelt out from its name
+    (``p99_ttft_ms`` -> "p99 TTFT (ms)", ``rate_req_s`` -> "rate (req/s)"). Axis titles and tooltips use it."""
     if column in TITLES:
         return TITLES[column]
-    for suffix, unit in (("_ms", "ms"), ("_s", "s"), ("_tokens", "tokens")):
-        if column.endswith(suffix):
-            return f"{column[: -len(suffix)].replace('_', ' ')} ({unit})"
-    return column.replace("_", " ")
+    for suffix, unit in _UNITS:
+        if column.endswith(suffix) and len(column) > len(suffix):
+            return f"{_words(column[: -len(suffix)])} ({unit})"
+    return _words(column)
+
+
+def _words(name: str) -> str:
+    return " ".join(_ACRONYMS.get(w, w) for w in name.split("_"))
+
+
+def tip(field: str, title_: str | None = None, fmt: str | None = None, kind: str = "Q"):
+    """A tooltip field titled in words with its unit (:func:`title` unless ``title_``), formatted (``fmt``: d3)."""
+    kw = {"title": title_ or title(field)}
+    if fmt is not None:
+        kw["format"] = fmt
+    return alt.Tooltip(f"{field}:{kind}", **kw)
+
+
+def duration_text(field: str, unit: str = "ms") -> str:
+    """A Vega expression reading a duration field (in ``unit``: "ms" or "s") as a reader writes it: milliseconds
+    below ten seconds, seconds above ("4.48 ms", "213 ms", "470 s"). For tooltips and readouts of values that range
+    from milliseconds to minutes."""
+    ms = f"datum['{field}']" + (" * 1000" if unit == "s" else "")
+    return (f"!isValid({ms}) ? '–' : {ms} < 10 ? format({ms}, '.2f') + ' ms' : {ms} < 10000 ? "
+            f"format({ms}, ',.0f') + ' ms' : {ms} < 100000 ? format({ms} / 1000, ',.1f') + ' s' : "
+            f"format({ms} / 1000, ',.0f') + ' s'")
 
 
 # -- theme -------------------------------------------------------------------------------------------------

@@ -97,22 +97,30 @@ def test_grid_param_tolerance_and_binding():
 
 
 def test_grid_param_with_labels_shows_them_and_keeps_the_grid_values():
+    # an evenly spaced grid (log2 of a budget) gets a slider whose positions the page labels in tokens
     param, predicate = viz.grid_param("log2_tokens", [11, 9, 10, 9], "budget (tokens)", value=10,
                                       labels=["512", "1,024", "2,048"])
     spec = param.param.to_dict()
-    assert spec["bind"] == {"input": "radio", "options": [9.0, 10.0, 11.0], "labels": ["512", "1,024", "2,048"],
-                            "name": "budget (tokens)"}
+    assert spec["bind"] == {"input": "range", "min": 9.0, "max": 11.0, "step": 1.0, "name": "budget (tokens)"}
     assert spec["value"] == 10.0 and predicate == "abs(datum['log2_tokens'] - log2_tokens) < 0.5"
-    # a callable labels each value; past MAX_RADIO_OPTIONS values the buttons become a select box
-    many = np.arange(viz.MAX_RADIO_OPTIONS + 1)
-    spec = viz.grid_param("i", many, labels=lambda v: f"{2 ** v:,.0f}", value=2.2)[0].param.to_dict()
-    assert spec["bind"]["input"] == "select" and spec["bind"]["options"] == many.tolist()
-    assert spec["bind"]["labels"][-1] == f"{2 ** viz.MAX_RADIO_OPTIONS:,}" and spec["value"] == 2.0  # nearest option
-    spec = viz.grid_param("i", many[:-1], labels=str)[0].param.to_dict()
-    assert spec["bind"]["input"] == "radio" and spec["bind"]["labels"] == [str(float(v)) for v in many[:-1]]
+    chart = alt.Chart(pd.DataFrame({"log2_tokens": [9, 10, 11]})).mark_point().encode(x="log2_tokens:Q")
+    meta = viz._slider_labels(chart.add_params(param).to_dict())
+    assert meta == {"log2_tokens": {"min": 9.0, "step": 1.0, "labels": ["512", "1,024", "2,048"]}}
+    # radio buttons when asked, or for an uneven grid up to MAX_RADIO_OPTIONS values; a select box beyond
+    spec = viz.grid_param("log2_tokens", [9, 10, 11], labels=["512", "1,024", "2,048"], control="radio")[0]
+    assert spec.param.to_dict()["bind"] == {"input": "radio", "options": [9.0, 10.0, 11.0],
+                                            "labels": ["512", "1,024", "2,048"], "name": "log2_tokens"}
+    uneven = np.array([1, 2, 4, 5, 7, 8, 10, 11, 13])
+    spec = viz.grid_param("i", uneven, labels=lambda v: f"{2 ** v:,.0f}", value=2.2)[0].param.to_dict()
+    assert spec["bind"]["input"] == "select" and spec["bind"]["options"] == uneven.tolist()
+    assert spec["bind"]["labels"][-1] == f"{2 ** 13:,}" and spec["value"] == 2.0  # nearest option
+    spec = viz.grid_param("i", uneven[:-1], labels=str)[0].param.to_dict()
+    assert spec["bind"]["input"] == "radio" and spec["bind"]["labels"] == [str(float(v)) for v in uneven[:-1]]
     assert "bind" not in viz.grid_param("i", [3], labels=["8"])[0].param.to_dict()  # one value: nothing to choose
     with pytest.raises(ValueError, match="labels: 2 given for 3 grid values"):
         viz.grid_param("i", [1, 2, 3], labels=["a", "b"])
+    with pytest.raises(ValueError, match="evenly spaced"):
+        viz.grid_param("i", uneven, control="slider")
 
 
 def test_grid_labels_read_the_shown_column_in_grid_order():
@@ -125,8 +133,8 @@ def test_grid_labels_read_the_shown_column_in_grid_order():
 
 
 def test_titles_of_vllm_names():
-    assert viz.title("p99_ttft_ms") == "p99 ttft (ms)"
-    assert viz.title("duration_s") == "duration (s)"
+    assert viz.title("p99_ttft_ms") == "p99 TTFT (ms)"
+    assert viz.title("duration_s") == "step time (s)"
     assert viz.title("output_throughput") == "output throughput (tok/s)"
 
 
@@ -139,7 +147,7 @@ def test_renderer_in_the_book(book_mode):
     bundle = small_chart()._repr_mimebundle_()
     html = bundle["text/html"]
     (chart_id,) = re.findall(r'<div id="(batchlab-chart-\d+)"', html)
-    assert f'"{chart_id}"' in html and "vegaEmbed" in html
+    assert f'"{chart_id}"' in html and "batchlabDraw" in html
     assert bundle["text/plain"] == f"<batchlab chart {chart_id}>"
     assert viz.VEGALITE_MIME not in bundle  # myst-nb cannot draw it and would warn
     assert "data-batchlab-library" not in html
@@ -272,3 +280,31 @@ def test_display_table_renames_formats_and_hides_the_index():
     html = styler.to_html()
     assert "50%" in html and "0.12" in html and "0.12345" not in html and "–" in html
     assert "unused" not in html and ">0<" not in html  # no index column
+
+
+def test_titles_are_words_with_units():
+    from batchlab import viz
+
+    assert viz.title("p99_ttft_ms") == "p99 TTFT (ms)" and viz.title("rate_req_s") == "request rate (req/s)"
+    assert viz.title("mean_e2el_ms") == "mean end-to-end latency (ms)" and viz.title("pool_gib") == "KV pool (GiB)"
+    t = viz.tip("p99_itl_ms", fmt=",.0f").to_dict()
+    assert t == {"field": "p99_itl_ms", "type": "quantitative", "title": "p99 ITL (ms)", "format": ",.0f"}
+
+
+def test_duration_text_reads_milliseconds_then_seconds():
+    """The expression, drawn by Vega itself (vl-convert, offline): ms below ten seconds, seconds above."""
+    import altair as alt
+    import pandas as pd
+    import vl_convert
+
+    from batchlab import viz
+
+    df = pd.DataFrame({"i": range(5), "ms": [4.4805, 213.46, 9_999.0, 47_026.4, 470_264.0]})
+    chart = alt.Chart(df).transform_calculate(shown=viz.duration_text("ms")).mark_text().encode(
+        y="i:O", text="shown:N")
+    svg = vl_convert.vegalite_to_svg(chart.to_dict())
+    for text in ("4.48 ms", "213 ms", "9,999 ms", "47.0 s", "470 s"):
+        assert f">{text}<" in svg, text
+    seconds = alt.Chart(pd.DataFrame({"s": [0.2135]})).transform_calculate(
+        shown=viz.duration_text("s", unit="s")).mark_text().encode(text="shown:N")
+    assert ">214 ms<" in vl_convert.vegalite_to_svg(seconds.to_dict())
