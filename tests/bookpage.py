@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import functools
 import http.server
+import os
 import re
 import threading
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-HTML = ROOT / "_build" / "html"
+# The built book; BATCHLAB_BOOK_HTML points the tests at another build (scripts/build_pages.py).
+HTML = Path(os.environ.get("BATCHLAB_BOOK_HTML", ROOT / "_build" / "html")).resolve()
 SCREENSHOTS = ROOT / "_build" / "screenshots"
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 
 from batchlab.chapters import facts
+from bookpage import HTML
 
 pytestmark = pytest.mark.book
 
 ROOT = Path(__file__).resolve().parents[1]
-EXECUTED = ROOT / "_build" / "jupyter_execute"
+EXECUTED = HTML.parent / "jupyter_execute"
 
 
 def _pages() -> list[str]:
