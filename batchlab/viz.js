@@ -59,6 +59,24 @@ window.batchlabLabelSliders = function (el, spec) {
   });
 };
 
+// A control that does nothing in some state is disabled there: spec.usermeta.disabledBy = {param: signal}, the
+// signal a boolean parameter of the chart whose expression says when (batchlab.viz.disable_when).
+window.batchlabDisableControls = function (el, spec, view) {
+  var by = (spec.usermeta && spec.usermeta.disabledBy) || {};
+  Object.keys(by).forEach(function (param) {
+    var inputs = el.querySelectorAll('.vega-bind [name="' + param + '"]');
+    var apply = function (_name, off) {
+      inputs.forEach(function (input) {
+        input.disabled = !!off;
+        var bind = input.closest(".vega-bind");
+        if (bind) { bind.classList.toggle("batchlab-disabled", !!off); }
+      });
+    };
+    view.addSignalListener(by[param], apply);
+    apply(null, view.signal(by[param]));
+  });
+};
+
 // Draw `spec` into `el`; when it is wider than its column, draw the narrow layout instead, and switch back and
 // forth as the window is resized. The chart carries data-batchlab-drawn once its final layout is on the page.
 window.batchlabDraw = function (el, spec, opts) {
@@ -72,6 +90,7 @@ window.batchlabDraw = function (el, spec, opts) {
       state.layout = layout;
       el.setAttribute("data-batchlab-layout", layout);
       window.batchlabLabelSliders(el, spec);
+      window.batchlabDisableControls(el, spec, result.view);
       return result;
     });
   };

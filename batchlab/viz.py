@@ -324,6 +324,17 @@ def _slider_labels(spec: dict) -> dict:
     return out
 
 
+def disable_when(chart, param: str, expr: str):
+    """``chart`` with the control bound to ``param`` disabled (greyed, not movable) while the Vega expression
+    ``expr`` is true, e.g. ``disable_when(chart, "log2_tokens", "!chunking")``: a control that does nothing in some
+    state is disabled there. Returns the chart, with a parameter ``<param>_disabled`` and ``usermeta.disabledBy``
+    (read by the page's runtime, ``batchlab/viz.js``)."""
+    flag = f"{param}_disabled"
+    meta = chart.usermeta if isinstance(chart.usermeta, dict) else {}
+    disabled = {**meta.get("disabledBy", {}), param: flag}
+    return chart.add_params(alt.param(name=flag, expr=expr)).properties(usermeta={**meta, "disabledBy": disabled})
+
+
 def grid_labels(frame: pd.DataFrame, grid: str, shown: str, fmt: str = "{:,}") -> list[str]:
     """Labels for :func:`grid_param`: ``frame[shown]`` formatted at each distinct ``frame[grid]``, ascending.
 

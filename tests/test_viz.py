@@ -308,3 +308,12 @@ def test_duration_text_reads_milliseconds_then_seconds():
     seconds = alt.Chart(pd.DataFrame({"s": [0.2135]})).transform_calculate(
         shown=viz.duration_text("s", unit="s")).mark_text().encode(text="shown:N")
     assert ">214 ms<" in vl_convert.vegalite_to_svg(seconds.to_dict())
+
+
+def test_disable_when_names_the_flag_the_page_reads():
+    df = pd.DataFrame({"x": [1, 2]})
+    on = alt.param(name="chunking", value=True, bind=alt.binding_checkbox(name="chunking"))
+    chart = viz.disable_when(alt.Chart(df).mark_point().encode(x="x:Q").add_params(on), "log2_tokens", "!chunking")
+    spec = chart.to_dict()
+    assert spec["usermeta"] == {"disabledBy": {"log2_tokens": "log2_tokens_disabled"}}
+    assert {"name": "log2_tokens_disabled", "expr": "!chunking"} in spec["params"]

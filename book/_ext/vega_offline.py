@@ -43,6 +43,7 @@ table code, table code span.pre { overflow-wrap: anywhere; white-space: normal; 
 .prev-next-area a code, .prev-next-area a code span.pre { overflow-wrap: anywhere; white-space: normal; }
 .batchlab-chart .batchlab-slider-value { display: inline-block; min-width: 4.5em; margin-left: 0.4rem;
   font-variant-numeric: tabular-nums; }
+.batchlab-chart .vega-bind.batchlab-disabled { opacity: 0.45; }
 html[data-theme="dark"] .batchlab-chart .vega-bindings { color-scheme: dark; }
 html[data-theme="dark"] .batchlab-chart .vega-bindings input { accent-color: #56B4E9; }
 html[data-theme="dark"] .batchlab-chart svg.marks { background: #ffffff; border-radius: 2px; }
