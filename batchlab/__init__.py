@@ -14,14 +14,14 @@ from .tune import SLO, max_rate, parse_goodput, tune
 from . import validate as validate  # end-to-end calibration runs and their replay (issue 11)
 
 VLLM_VERSION = "0.33.0"  # the vLLM whose scheduler rules and defaults policy "chunked" follows (DESIGN section 4c)
+VLLM_RELEASED = "2 November 2026"  # when VLLM_VERSION was published (its sdist's upload to PyPI)
 
 __all__ = [
-    "VLLM_VERSION", "CostModel", "StepBreakdown", "Hardware", "get_hardware", "hardware_names", "ModelSpec",
-    "get_model", "model_names", "SimResult", "POLICIES", "simulate", "vllm_defaults", "Requests", "arrivals_gamma",
-    "arrivals_poisson", "fixed", "from_frame", "lengths_empirical", "lengths_lognormal", "lengths_uniform",
-    "read_trace", "synthetic", "shared_prefix", "multi_turn",
-    "preset", "preset_names", "trace_stats", "replay", "expand_grid", "is_dominated", "pareto_front", "sweep",
-    "SLO", "parse_goodput", "max_rate", "tune", "FleetResult", "simulate_fleet", "simulate_disaggregated",
-    "transfer_times",
+    "VLLM_VERSION", "VLLM_RELEASED", "CostModel", "StepBreakdown", "Hardware", "get_hardware", "hardware_names",
+    "ModelSpec", "get_model", "model_names", "SimResult", "POLICIES", "simulate", "vllm_defaults", "Requests",
+    "arrivals_gamma", "arrivals_poisson", "fixed", "from_frame", "lengths_empirical", "lengths_lognormal",
+    "lengths_uniform", "read_trace", "synthetic", "shared_prefix", "multi_turn", "preset", "preset_names",
+    "trace_stats", "replay", "expand_grid", "is_dominated", "pareto_front", "sweep", "SLO", "parse_goodput",
+    "max_rate", "tune", "FleetResult", "simulate_fleet", "simulate_disaggregated", "transfer_times",
 ]
 __version__ = "0.1.0"
