@@ -34,7 +34,7 @@ def main(argv=None) -> int:
     skip = [f"{p}.ipynb" if (ROOT / f"{p}.ipynb").exists() else f"{p}.md" for p in every if p not in args.pages]
     config.setdefault("execute", {})["exclude_patterns"] = skip
     out = Path(args.out or ROOT / "_build" / f"pages-{Path(args.pages[0]).name}")
-    with tempfile.NamedTemporaryFile("w", suffix=".yml", dir=ROOT, delete=False) as fh:
+    with tempfile.NamedTemporaryFile("w", prefix=".build_pages-", suffix=".yml", dir=ROOT, delete=False) as fh:
         yaml.safe_dump(config, fh)
     try:
         cmd = [str(Path(sys.executable).with_name("jupyter-book")), "build", str(ROOT), "--config", fh.name,
