@@ -1,10 +1,10 @@
-"""Chapter 05, the prefill spike: one long prompt computed unchunked stalls every decoder for one whole step.
+"""Chapter 5, the prefill spike: one long prompt computed unchunked stalls every decoder for one whole step.
 
 The scene is :mod:`batchlab.chapters.scenes`' (decoders at 2,048 tokens of KV cache, one 8,000-token prompt
 arriving) under ``policy="continuous"``, Orca's scheduler, in two orders: the prompt computed beside every
 decoder's token (mixed step) or alone (vLLM V0's prefill-only step). Short requests arriving during the
 prefill, and the same stream without the long prompt, show who else waits. The chart draws the decoders' gaps
-around the long prompt's arrival and the short requests' TTFT, with a select box per model and per order.
+around the long prompt's arrival and the short requests' TTFT, with radio buttons for the model and the order.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ SPIKE_ORDERS = {"mixed step (Orca)": False, "prefill-only step (vLLM V0)": True}
 
 
 class Spike(NamedTuple):
-    """One prefill-spike run, from :func:`prefill_spike`. Used in chapters 05 and 12."""
+    """One prefill-spike run, from :func:`prefill_spike`. Used in chapters 5 and 12."""
 
     itl: pd.DataFrame  # scenes.decoder_gaps: time_s since the long prompt arrived, itl_s, sequences
     behind: pd.DataFrame  # short requests: arrival_s (after the long prompt's), ttft_s with, ttft_baseline_s without
@@ -35,7 +35,7 @@ def prefill_spike(cost, *, n_decoders: int | None = None, context: int = scenes.
                   prompt_tokens: int = scenes.PROMPT_TOKENS, n_behind: int = 6, behind_tokens: int = 256,
                   prefill_only_steps: bool = False, lead_s: float = 0.2, tail_steps: int = 40, seed=0,
                   **knobs) -> Spike:
-    """The shared scene with the long prompt joining unchunked (policy ``continuous``). Used in chapters 05 and 12.
+    """The shared scene with the long prompt joining unchunked (policy ``continuous``). Used in chapters 5 and 12.
 
     ``n_behind`` short requests arrive at times drawn uniformly within ``cost.prefill_time(prompt_tokens)``
     after the long prompt; the engine sees each of them, as the long prompt, ``cost.request_latency_s`` after
@@ -96,7 +96,7 @@ def prefill_spike(cost, *, n_decoders: int | None = None, context: int = scenes.
 def spike_scenarios(scenarios: dict, orders: dict = SPIKE_ORDERS, **kw):
     """:func:`prefill_spike` for several models and scheduler orders, as tidy frames for one chart.
 
-    Used in chapter 05.
+    Used in chapter 5.
 
     Parameters
     ----------
@@ -139,7 +139,7 @@ def spike_scenarios(scenarios: dict, orders: dict = SPIKE_ORDERS, **kw):
 def admission_table(spike: Spike, before: int = 2, after: int = 2):
     """The iterations around the one that computes the long prompt, as the page shows them (a ``Styler``).
 
-    Used in chapter 05. Times in ms, the start counted from the first row shown; ``before`` and ``after`` rows
+    Used in chapter 5. Times in ms, the start counted from the first row shown; ``before`` and ``after`` rows
     either side of the admitting iteration (``spike.summary["admit_step"]``).
     """
     at = spike.summary["admit_step"]
@@ -157,7 +157,7 @@ def admission_table(spike: Spike, before: int = 2, after: int = 2):
 def scenario_table(summary: pd.DataFrame):
     """:func:`spike_scenarios`' summary as the page shows it: one row per model and order, times in ms.
 
-    Used in chapter 05.
+    Used in chapter 5.
     """
     ms = "{:,.1f}".format
     columns = {"cadence_s": "decode cadence (ms)", "itl_max_s": "longest gap (ms)",
@@ -169,11 +169,18 @@ def scenario_table(summary: pd.DataFrame):
                                      **{c: (header, ms) for c, header in columns.items()}})
 
 
+def _radio(name: str, options, label: str):
+    """A parameter bound to radio buttons over a few named ``options``, and the filter on the column ``name``."""
+    options = [str(o) for o in options]
+    param = alt.param(name=name, value=options[0], bind=alt.binding_radio(options=options, name=label))
+    return param, f"datum['{name}'] == {name}"
+
+
 def spike_chart(itl: pd.DataFrame, behind: pd.DataFrame, reference_ms: float | None = None,
                 reference_label: str = "", width: int = 520, height: int = 230):
     """The decoders' inter-token gaps around a long unchunked prompt, and the TTFT of requests behind it.
 
-    Used in chapter 05.
+    Used in chapter 5.
 
     Parameters
     ----------
@@ -183,44 +190,51 @@ def spike_chart(itl: pd.DataFrame, behind: pd.DataFrame, reference_ms: float | N
     behind : DataFrame
         ``model``, ``order``, ``arrival_ms``, ``run`` and ``ttft_ms`` of the requests queued behind it.
     reference_ms : float, optional
-        A gap to draw as a dashed horizontal rule (e.g. a published number), labelled ``reference_label``.
+        A gap to draw as a dashed horizontal rule (e.g. a published number), labelled ``reference_label`` at the
+        panel's right edge.
     width, height : int
         Pixels of the timeline panel; the TTFT panel below it is as wide and shorter.
 
     Returns
     -------
-    altair chart with two select boxes, ``model`` and ``order``, that pick the run both panels show; the
-    largest gap is labelled with its value. The panels are stacked so the chart fits the text column.
+    altair chart with two groups of radio buttons, ``model`` and ``order``, that pick the run both panels show;
+    the largest gap is labelled with its value, on the side of its dot that has room. The panels are stacked so
+    the chart fits the text column; every mark has a tooltip.
     """
-    model, at_model = viz.choice_param("model", itl["model"].unique(), "model")
-    order, at_order = viz.choice_param("order", itl["order"].unique(), "scheduler order")
+    model, at_model = _radio("model", itl["model"].unique(), "model")
+    order, at_order = _radio("order", itl["order"].unique(), "scheduler order")
     pick = f"{at_model} && {at_order}"
     # Both y axes reserve room for the widest label of any selection (the 70B model's gaps run to thousands of
     # ms), so choosing another run never pushes an axis title past the chart's left edge.
     widest = label_extent(itl["itl_ms"], behind["ttft_ms"], reference_ms or 0)
-    y_axis = alt.Axis(minExtent=widest, titlePadding=8)
+    y_axis = alt.Axis(minExtent=widest, titlePadding=8, format=",.0f")
+    ms_axis = alt.Axis(tickCount=6, labelSeparation=8, format=",.0f")  # no two labels touching ("1,0001,100")
     x = alt.X("time_s:Q", title="time since the long prompt arrived (s)")
     y = alt.Y("itl_ms:Q", title=viz.title("itl_ms"), axis=y_axis)
     base = alt.Chart(itl).transform_filter(pick)
+    gap_tips = [viz.tip("time_s", "time since the long prompt arrived (s)", ".3f"), viz.tip("itl_ms", fmt=",.1f"),
+                viz.tip("sequences", "decoders with this gap (sequences)", ",")]
+    top = base.transform_joinaggregate(top="max(itl_ms)", lo="min(time_s)", hi="max(time_s)").transform_filter(
+        "datum.itl_ms == datum.top").transform_calculate(
+        text="'one gap of ' + format(datum.itl_ms, ',.0f') + ' ms'", left="datum.time_s > (datum.lo + datum.hi) / 2")
     layers = [
-        base.mark_circle(size=30, opacity=0.85, color=viz.PALETTE[0]).encode(
-            x=x, y=y, tooltip=[alt.Tooltip("time_s:Q", format=".3f"), alt.Tooltip("itl_ms:Q", format=".1f"),
-                               "sequences:Q"]),
-        base.transform_joinaggregate(top="max(itl_ms)").transform_filter("datum.itl_ms == datum.top")
-        .transform_calculate(text="'one gap of ' + format(datum.itl_ms, ',.0f') + ' ms'")
-        .mark_text(align="left", dx=8).encode(x=x, y=y, text="text:N"),
+        base.mark_circle(size=30, opacity=0.85, color=viz.PALETTE[0]).encode(x=x, y=y, tooltip=gap_tips),
+        top.transform_filter("!datum.left").mark_text(align="left", dx=8).encode(x=x, y=y, text="text:N"),
+        top.transform_filter("datum.left").mark_text(align="right", dx=-8).encode(x=x, y=y, text="text:N"),
     ]
     if reference_ms is not None:
         ref = alt.Chart(pd.DataFrame({"itl_ms": [reference_ms], "text": [reference_label]}))
-        layers += [ref.mark_rule(color="#888888", strokeDash=[4, 3]).encode(y=y),
+        layers += [ref.mark_rule(color="#888888", strokeDash=[4, 3]).encode(
+                       y=y, tooltip=[viz.tip("text", "reference", kind="N"), viz.tip("itl_ms", fmt=",.0f")]),
                    ref.mark_text(align="right", baseline="bottom", dy=-3, color="#555555").encode(
-                       x=alt.value(width), y=y, text="text:N")]
+                       x=alt.value("width"), y=y, text="text:N")]
     ttft = alt.Chart(behind).transform_filter(pick).mark_line(point=True).encode(
-        x=alt.X("arrival_ms:Q", title="arrival after the long prompt (ms)"),
-        y=alt.Y("ttft_ms:Q", title="ttft (ms)", axis=y_axis),
+        x=alt.X("arrival_ms:Q", title="arrival after the long prompt (ms)", axis=ms_axis),
+        y=alt.Y("ttft_ms:Q", title=viz.title("ttft_ms"), axis=y_axis),
         color=alt.Color("run:N", title=None, legend=alt.Legend(orient="top"),
                         scale=alt.Scale(domain=sorted(behind["run"].unique()), range=[viz.PALETTE[3], viz.PALETTE[2]])),
-        tooltip=["run:N", alt.Tooltip("arrival_ms:Q", format=".1f"), alt.Tooltip("ttft_ms:Q", format=".1f")])
+        tooltip=[viz.tip("run", "run", kind="N"), viz.tip("arrival_ms", "arrival after the long prompt (ms)", ",.1f"),
+                 viz.tip("ttft_ms", fmt=",.1f")])
     return alt.vconcat(alt.layer(*layers).properties(width=width, height=height),
                        ttft.properties(width=width, height=int(height * 0.6))).resolve_legend(
         color="independent").add_params(model, order).properties(  # the legend sits with its panel
@@ -230,7 +244,7 @@ def spike_chart(itl: pd.DataFrame, behind: pd.DataFrame, reference_ms: float | N
 def label_extent(*values, px_per_char: int = 7) -> int:
     """Pixels a y axis's labels need for the largest of ``values`` printed as ``1,234``, plus the tick.
 
-    Used by :func:`spike_chart` (chapter 05) so every selection draws its axes at the same width.
+    Used by :func:`spike_chart` (chapter 5) so every selection draws its axes at the same width.
     """
     top = max(float(np.nanmax(np.asarray(v, dtype=float))) for v in values)
     return px_per_char * len(f"{top:,.0f}") + 10

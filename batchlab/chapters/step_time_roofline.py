@@ -1,9 +1,11 @@
-"""Chapter 04, the step-time roofline: decode step time against batch size, and where it leaves its floor.
+"""Chapter 4, the step-time roofline: decode step time against batch size, and the two batch sizes that matter.
 
-:func:`step_time_grid` prices a decode step over a batch x context grid, pure roofline and calibrated, on
-each GPU; the knee is :meth:`batchlab.CostModel.knee`, min(ridge, B_kv) with B_kv from
-:meth:`batchlab.CostModel.kv_knee`. :func:`knee_table` compares models; :func:`step_time_roofline_chart`
-draws the curves with a control over context.
+:func:`step_time_grid` prices a decode step over a batch x context grid, pure roofline and calibrated, on each
+GPU; the **knee** is :meth:`batchlab.CostModel.knee`, min(ridge, B_kv) with B_kv from
+:meth:`batchlab.CostModel.kv_knee`, and the **compute crossover** is
+:func:`batchlab.chapters.verdicts.compute_knee`. :func:`knee_table` compares models;
+:func:`step_time_roofline_chart` draws the curves with a slider over batch, one over context, a readout of the
+step time at the chosen pair and the knee marked.
 """
 from __future__ import annotations
 
@@ -17,27 +19,52 @@ from . import facts, scenes
 
 COST_COLORS = {"roofline": viz.PALETTE[0], "calibrated": viz.PALETTE[1]}
 GPU_NAMES = {"h100-sxm": "H100 SXM", "h200": "H200"}  # hardware preset -> the name a reader knows
+MS_TEXT = "',.3r'"  # d3 format of the readout's step times: three significant digits ("8.06", "10.9", "1,310")
 
 
 def gpu_name(hardware: str) -> str:
-    """A hardware preset as a reader names the GPU (``"h100-sxm"`` -> "H100 SXM"). Used in chapter 04."""
+    """A hardware preset as a reader names the GPU (``"h100-sxm"`` -> "H100 SXM"). Used in chapter 4."""
     return GPU_NAMES.get(hardware, hardware)
+
+
+def batch_grid(top: int = 2048, per_octave: int = 6) -> np.ndarray:
+    """Decode batch sizes from 1 to ``top``, about ``per_octave`` a doubling, rounded to whole sequences.
+
+    Used in chapter 4: the grid behind its batch slider (the slider steps through the grid's positions, so it
+    moves one sequence at a time at small batches and a few per cent at a time at large ones).
+    """
+    if top < 1 or per_octave < 1:
+        raise ValueError(f"top and per_octave must be >= 1, got top={top!r}, per_octave={per_octave!r}")
+    steps = np.arange(0, int(np.ceil(np.log2(top) * per_octave)) + 1) / per_octave
+    return np.unique(np.minimum(np.round(2.0 ** steps), top)).astype(int)
+
+
+def context_grid(top: int = 16384, first: int = 64) -> np.ndarray:
+    """Contexts per sequence (tokens): 0, then ``first`` and every half-doubling after it (64, 96, 128, 192,
+    256, ...), up to ``top``. Used in chapter 4: the grid behind its context slider."""
+    if first < 1 or top < first:
+        raise ValueError(f"first must be >= 1 and top >= first, got first={first!r}, top={top!r}")
+    values = [0]
+    while first <= top:
+        values += [v for v in (first, first * 3 // 2) if v <= top]
+        first *= 2
+    return np.unique(values).astype(int)
 
 
 def step_time_grid(cost, batches, contexts, hardware=("h100-sxm", "h200")):
     """Decode step time over a batch x context grid, pure roofline and calibrated, on each GPU.
 
-    Used in chapter 04.
+    Used in chapter 4.
 
     Parameters
     ----------
     cost : CostModel
         The model, dtype and calibrated efficiencies; its hardware is replaced by each of ``hardware``.
     batches : sequence of int
-        Decode batch sizes (sequences, >= 1).
+        Decode batch sizes (sequences, >= 1); ``batch_index`` numbers the distinct ones in ascending order, so
+        a slider can step through an uneven grid.
     contexts : sequence of int
-        Cached tokens per sequence (>= 0); ``context_index`` numbers them in the given order, so a chart
-        control can step through an uneven grid.
+        Cached tokens per sequence (>= 0); ``context_index`` numbers them in the given order.
     hardware : sequence of str
         Presets of :func:`batchlab.get_hardware`.
 
@@ -45,14 +72,21 @@ def step_time_grid(cost, batches, contexts, hardware=("h100-sxm", "h200")):
     -------
     curves : DataFrame
         ``hardware``, ``cost`` ("roofline" = ``cost.ideal()``, or "calibrated"), ``context``,
-        ``context_index``, ``batch``, ``step_time_s`` (s) and ``kv_fits`` (the batch's KV cache fits the
-        pool beside the weights, :meth:`batchlab.CostModel.kv_pool_blocks` at vLLM's default memory utilisation).
+        ``context_index``, ``batch``, ``batch_index``, ``step_time_s`` (s) and ``kv_fits`` (the batch's KV cache
+        fits the pool beside the weights, :meth:`batchlab.CostModel.kv_pool_blocks` at vLLM's default memory
+        utilisation).
     knees : DataFrame
         One row per hardware, cost and context: ``knee`` = ``CostModel.knee(context)`` (sequences),
         ``b_kv`` (``CostModel.kv_knee(context)``, sequences) and ``step_time_s`` at the knee (s).
     """
-    b, c = np.meshgrid(np.asarray(batches, dtype=float), np.asarray(contexts, dtype=float))
+    batches = np.unique(np.asarray(batches, dtype=float))
+    if batches.size == 0 or batches[0] < 1:
+        raise ValueError(f"batches must be >= 1, got {batches.tolist()}")
+    if len(contexts) == 0 or min(contexts) < 0:
+        raise ValueError(f"contexts must be >= 0, got {list(contexts)}")
+    b, c = np.meshgrid(batches, np.asarray(contexts, dtype=float))
     index = np.broadcast_to(np.arange(len(contexts))[:, None], b.shape)
+    b_index = np.broadcast_to(np.arange(batches.size)[None, :], b.shape)
     ctx = np.asarray(contexts, dtype=float)
     curves, knees = [], []
     for hw in hardware:
@@ -62,6 +96,7 @@ def step_time_grid(cost, batches, contexts, hardware=("h100-sxm", "h200")):
             fits = b.ravel() * np.ceil((c.ravel() + 1) / 16) <= cm.kv_pool_blocks() - 1
             curves.append(pd.DataFrame({"hardware": hw, "cost": label, "context": c.ravel(),
                                         "context_index": index.ravel(), "batch": b.ravel(),
+                                        "batch_index": b_index.ravel(),
                                         "step_time_s": cm.decode_step_time(b.ravel(), c.ravel()), "kv_fits": fits}))
             k = np.array([cm.knee(x) for x in contexts])
             knees.append(pd.DataFrame({"hardware": hw, "cost": label, "context": ctx,
@@ -72,9 +107,9 @@ def step_time_grid(cost, batches, contexts, hardware=("h100-sxm", "h200")):
 
 
 def knee_table(costs: dict, contexts, hardware=("h100-sxm", "h200")) -> pd.DataFrame:
-    """Knees of several models at several contexts, pure roofline, on each GPU.
+    """Knees and compute crossovers of several models at several contexts, pure roofline, on each GPU.
 
-    Used in chapter 04.
+    Used in chapter 4.
 
     Parameters
     ----------
@@ -83,89 +118,168 @@ def knee_table(costs: dict, contexts, hardware=("h100-sxm", "h200")) -> pd.DataF
     contexts : sequence of int
         Cached tokens per sequence.
     hardware : sequence of str
-        Hardware presets, one ``knee_<name>`` column each.
+        Hardware presets, one ``knee_<name>`` and one ``crossover_<name>`` column each.
 
     Returns
     -------
     DataFrame
         One row per label and context: ``model``, ``context`` (tokens), ``b_kv`` (sequences,
-        ``CostModel.kv_knee``; inf at 0) and ``knee_<hardware>`` = min(ridge, B_kv) (sequences) per GPU.
+        ``CostModel.kv_knee``; inf at 0), then per GPU ``knee_<hardware>`` = min(ridge, B_kv) (sequences), and
+        ``crossover_<hardware>`` (sequences; inf where there is none), the batch at which the step's GEMM math
+        outlasts streaming the weights and every sequence's KV (:func:`batchlab.chapters.verdicts.compute_knee`).
     """
+    from .verdicts import compute_knee
+
     rows = []
     for label, cost in costs.items():
         ideal = {hw: cost.replace(hardware=get_hardware(hw)).ideal() for hw in hardware}
         for x in contexts:
             row = {"model": label, "context": int(x), "b_kv": cost.kv_knee(x)}
-            rows.append(row | {f"knee_{hw}": cm.knee(x) for hw, cm in ideal.items()})
+            row |= {f"knee_{hw}": cm.knee(x) for hw, cm in ideal.items()}
+            rows.append(row | {f"crossover_{hw}": compute_knee(cm, x) for hw, cm in ideal.items()})
     return pd.DataFrame(rows)
 
 
 def knee_display(table: pd.DataFrame):
-    """:func:`knee_table` for the page: KV limit and knee in sequences, "none" where there is no cache.
+    """:func:`knee_table` for the page: batch sizes in sequences, "none" where the limit does not exist.
 
-    Used in chapter 04.
+    Used in chapter 4.
     """
     def sequences(v):
         return "none" if np.isinf(v) else f"{v:,.1f}"
 
-    knees = {c: (f"knee on {gpu_name(c.removeprefix('knee_'))} (sequences)", sequences)
-             for c in table.columns if c.startswith("knee_")}
+    shown = {}
+    for prefix, what in (("knee_", "knee"), ("crossover_", "compute crossover")):
+        shown |= {c: (f"{what} on {gpu_name(c.removeprefix(prefix))} (sequences)", sequences)
+                  for c in table.columns if c.startswith(prefix)}
     return viz.display_table(table, {"model": ("model", "{}"), "context": ("context (tokens)", "{:,d}"),
-                                 "b_kv": ("KV limit (sequences)", sequences)} | knees)
+                                     "b_kv": ("KV limit (sequences)", sequences)} | shown)
 
 
-def step_time_roofline_chart(curves: pd.DataFrame, knees: pd.DataFrame, width: int = 215, height: int = 230):
-    """Decode step time against batch on log-log axes, one panel per GPU, a control over context.
+def step_time_roofline_chart(curves: pd.DataFrame, knees: pd.DataFrame, batch: float = 64, context: float = 1024,
+                             width: int = 250, height: int = 230):
+    """Decode step time against batch on log-log axes, one panel per GPU, sliders over batch and context.
 
-    Used in chapter 04.
+    Used in chapter 4.
 
     Parameters
     ----------
     curves, knees : DataFrame
         From :func:`step_time_grid`: ``hardware``, ``cost`` ("roofline" or "calibrated"), ``context``,
-        ``context_index``, ``batch``, ``step_time_s`` (s), ``kv_fits``; and per context the ``knee``
-        (sequences) with the ``step_time_s`` there.
+        ``context_index``, ``batch``, ``batch_index``, ``step_time_s`` (s), ``kv_fits``; and per context the
+        ``knee`` (sequences) with the ``step_time_s`` there.
+    batch, context : float
+        The batch (sequences) and context (tokens) selected at first (the grid values nearest them).
     width, height : int
-        Pixels of each panel.
+        Pixels of each panel's plot.
 
     Returns
     -------
-    altair chart; buttons labelled with the context in tokens (parameter ``context_step``, which holds
-    ``context_index``) redraw the curves and move each knee's rule, marker and label. Curves are dashed and faded
-    where the batch's KV cache would not fit in memory.
+    altair chart. Two sliders, labelled in sequences (parameter ``batch_step``, which holds ``batch_index``) and
+    in tokens (``context_step``, holding ``context_index``), pick the batch and the context. Above each panel a
+    readout gives the step time at that pair, pure roofline and calibrated, in ms; in the panel a grey rule and
+    rings mark the batch on the curves, and a dashed rule, a dot and a label mark each curve's knee. Curves are
+    dotted and faded where the batch's KV cache would not fit in memory; every point of a curve has a tooltip.
     """
-    param, at = viz.grid_param("context_step", knees["context_index"], "context per sequence (tokens)",
-                               field="context_index", labels=viz.grid_labels(knees, "context_index", "context"))
-    curves = curves.assign(step_time_ms=curves["step_time_s"] * 1e3)
-    knees = knees.assign(step_time_ms=knees["step_time_s"] * 1e3,
-                         label_px=np.where(knees["cost"] == "roofline", 4, 18))
-    x_title, y_title = viz.title("batch"), viz.title("step_time_ms")
-    ms = curves["step_time_ms"]
-    x = alt.X("batch:Q", title=x_title, axis=alt.Axis(values=[1, 4, 16, 64, 256, 1024]),
-              scale=alt.Scale(type="log", nice=False, domain=[curves["batch"].min(), curves["batch"].max()]))
-    y = alt.Y("step_time_ms:Q", title=y_title, axis=alt.Axis(values=[1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000]),
-              scale=alt.Scale(type="log", nice=False, domain=[ms.min() * 0.9, ms.max() * 1.1]))
-    color = alt.Color("cost:N", title=None, legend=alt.Legend(orient="top"),
-                      scale=alt.Scale(domain=list(COST_COLORS), range=list(COST_COLORS.values())))
-    kx = alt.X("knee:Q", title=x_title)
-    panels = []
+    b_start = curves.loc[(curves["batch"] - batch).abs().idxmin(), "batch_index"]
+    c_start = knees.loc[(knees["context"] - context).abs().idxmin(), "context_index"]
+    b_param, at_batch = viz.grid_param("batch_step", curves["batch_index"], "batch size (sequences)",
+                                       field="batch_index", value=b_start,
+                                       labels=viz.grid_labels(curves, "batch_index", "batch"))
+    c_param, at_ctx = viz.grid_param("context_step", knees["context_index"], "context per sequence (tokens)",
+                                     field="context_index", value=c_start,
+                                     labels=viz.grid_labels(knees, "context_index", "context"))
+    data, marks = _chart_frames(curves, knees)
+    ms = data["step_time_ms"]
+    ticks = [m * 10**e for e in range(-1, 6) for m in (1, 2, 5) if ms.min() * 0.9 <= m * 10**e <= ms.max() * 1.1]
+    axes = {
+        "x": alt.X("batch:Q", title=viz.title("batch"), axis=alt.Axis(values=[1, 4, 16, 64, 256, 1024], format=","),
+                   scale=alt.Scale(type="log", nice=False, domain=[data["batch"].min(), data["batch"].max()])),
+        "y": alt.Y("step_time_ms:Q", title=viz.title("step_time_ms"), axis=alt.Axis(values=ticks, format=","),
+                   scale=alt.Scale(type="log", nice=False, domain=[ms.min() * 0.9, ms.max() * 1.1])),
+        "color": alt.Color("cost:N", title=None, legend=alt.Legend(orient="top"),
+                           scale=alt.Scale(domain=list(COST_COLORS), range=list(COST_COLORS.values())))}
+    columns = []
     for hw in curves["hardware"].unique():
-        line = alt.Chart(curves[curves["hardware"] == hw]).transform_filter(at)
-        knee = alt.Chart(knees[knees["hardware"] == hw]).transform_filter(at)
-        head = f"'{gpu_name(hw)} · context ' + format(datum.context, ',') + ' tokens'"
-        panels.append(alt.layer(
-            line.transform_filter("datum.kv_fits").mark_line().encode(x=x, y=y, color=color),
-            line.mark_line(opacity=0.35, strokeDash=[2, 2]).encode(x=x, y=y, color=color),
-            knee.mark_rule(strokeDash=[4, 3]).encode(x=kx, color=color),
-            knee.mark_point(size=70, filled=True).encode(x=kx, y=alt.Y("step_time_ms:Q", title=y_title), color=color,
-                                                         tooltip=["cost:N", alt.Tooltip("knee:Q", format=".1f")]),
-            knee.transform_calculate(text="'knee ' + format(datum.knee, '.1f')").mark_text(
-                align="left", baseline="top", dx=4).encode(x=kx, y=alt.Y("label_px:Q", scale=None, axis=None),
-                                                           text="text:N", color=color),
-            knee.transform_filter("datum.cost == 'roofline'").transform_calculate(text=head).mark_text(
-                align="left", baseline="bottom", dy=-8).encode(x=alt.value(0), y=alt.value(0), text="text:N"),
-        ).properties(width=width, height=height))
-    return alt.hconcat(*panels).add_params(param)
+        one, kn = data[data["hardware"] == hw].drop(columns="hardware"), marks[marks["hardware"] == hw]
+        columns.append(alt.vconcat(_readout(one, f"{at_batch} && {at_ctx}", gpu_name(hw), width),
+                                   _panel(one, kn, gpu_name(hw), at_batch, at_ctx, axes,
+                                          width, height), spacing=2))
+    return alt.hconcat(*columns, spacing=24).add_params(b_param, c_param)
+
+
+def _chart_frames(curves: pd.DataFrame, knees: pd.DataFrame):
+    """What :func:`step_time_roofline_chart` draws: times in ms (to 0.1 µs), whole numbers as integers (the data
+    is inlined in the page: kept light), and where each knee's label sits."""
+    data = curves.assign(step_time_ms=(curves["step_time_s"] * 1e3).round(4)).drop(columns="step_time_s")
+    data = data.astype(dict.fromkeys(("context", "context_index", "batch", "batch_index"), int))
+    top = np.log(curves["batch"].max())
+    spread = knees.groupby(["hardware", "context_index"])["knee"].transform(lambda k: k.max() - k.min())
+    marks = knees.assign(step_time_ms=knees["step_time_s"] * 1e3, label_px=np.where(knees["cost"] == "roofline", 4, 18),
+                         right=np.log(knees["knee"]) > 0.6 * top,  # label left of its rule near the right edge
+                         # where the two curves share their knee (B_kv is a ratio of bytes), one label says so
+                         label=np.where(spread > 0.05, "", np.where(knees["cost"] == "roofline", "both", "none")),
+                         kv_limit=[("none" if np.isinf(v) else f"{v:,.1f}") for v in knees["b_kv"]])
+    return data, marks.drop(columns=["step_time_s", "b_kv"])
+
+
+def _readout(data: pd.DataFrame, chosen: str, gpu: str, width: int):
+    """The lines above a panel: the GPU, the chosen batch and context, the step time at them on each cost model,
+    and a note where their KV cache would not fit in memory."""
+    sel = alt.Chart(data).transform_filter(chosen)
+    where = ("'step time at ' + format(datum.batch, ',') + (datum.batch == 1 ? ' sequence' : ' sequences') + ' × '"
+             " + format(datum.context, ',') + ' tokens'")
+    text = {"align": "left", "baseline": "top", "fontSize": 11}
+    layers = [
+        alt.Chart(pd.DataFrame({"text": [gpu]})).mark_text(**text, fontWeight="bold", color="#333333").encode(
+            x=alt.value(0), y=alt.value(0), text="text:N"),
+        sel.transform_filter("datum.cost == 'roofline'").transform_calculate(text=where).mark_text(
+            **text, color="#333333").encode(x=alt.value(0), y=alt.value(15), text="text:N"),
+        *[sel.transform_filter(f"datum.cost == '{cost}'").transform_calculate(
+            text=f"'{cost} ' + format(datum.step_time_ms, {MS_TEXT}) + ' ms'").mark_text(
+            **text, fontWeight="bold", color=COST_COLORS[cost]).encode(x=alt.value(i * width / 2), y=alt.value(30),
+                                                                       text="text:N")
+          for i, cost in enumerate(COST_COLORS)],
+        sel.transform_filter("datum.cost == 'roofline' && !datum.kv_fits").mark_text(
+            **text, color="#777777").encode(x=alt.value(0), y=alt.value(45),
+                                            text=alt.value("their KV cache would not fit in memory")),
+    ]
+    return alt.layer(*layers).properties(width=width, height=56)
+
+
+def _panel(data: pd.DataFrame, knees: pd.DataFrame, gpu: str, at_batch: str, at_ctx: str, axes: dict, width: int,
+           height: int):
+    """One GPU's plot: the two curves at the chosen context, the chosen batch on them, and each curve's knee."""
+    x, y, color = axes["x"], axes["y"], axes["color"]
+    words = {"gpu": f"'{gpu}'", "memory": "datum.kv_fits ? 'fits' : 'does not fit'"}
+    line = alt.Chart(data).transform_filter(at_ctx).transform_calculate(**words)
+    here = line.transform_filter(at_batch)
+    knee = alt.Chart(knees).transform_filter(at_ctx).transform_calculate(gpu=words["gpu"])
+    kx = alt.X("knee:Q", title=viz.title("batch"))
+    tips = [viz.tip("gpu", "GPU", kind="N"), viz.tip("cost", "cost model", kind="N"), viz.tip("batch", fmt=","),
+            viz.tip("context", fmt=","), viz.tip("step_time_ms", fmt=",.3r"),
+            viz.tip("memory", "KV cache in memory", kind="N")]
+    knee_tips = [viz.tip("gpu", "GPU", kind="N"), viz.tip("cost", "cost model", kind="N"),
+                 viz.tip("context", fmt=","), viz.tip("knee", "knee (sequences)", fmt=",.1f"),
+                 viz.tip("kv_limit", "KV limit (sequences)", kind="N"),
+                 viz.tip("step_time_ms", "step time at the knee (ms)", fmt=",.3r")]
+    label = knee.transform_filter("datum.label != 'none'").transform_calculate(
+        text="'knee ' + format(datum.knee, ',.1f') + (datum.label == 'both' ? ', both curves' : '')")
+    label_y = alt.Y("label_px:Q", scale=None, axis=None)
+    label_color = alt.condition("datum.label == 'both'", alt.value("#333333"), color)
+    return alt.layer(
+        line.transform_filter("datum.kv_fits").mark_line().encode(x=x, y=y, color=color),
+        line.mark_line(opacity=0.35, strokeDash=[2, 2]).encode(x=x, y=y, color=color),
+        here.transform_filter("datum.cost == 'roofline'").mark_rule(color="#999999").encode(x=x),
+        knee.mark_rule(strokeDash=[4, 3]).encode(x=kx, color=color),
+        line.mark_point(size=90, opacity=0).encode(x=x, y=y, tooltip=tips),  # hover anywhere on a curve
+        here.mark_point(size=110, filled=False, strokeWidth=2).encode(x=x, y=y, color=color, tooltip=tips),
+        knee.mark_point(size=70, filled=True).encode(x=kx, y=y, color=color, tooltip=knee_tips),
+        label.transform_filter("!datum.right").mark_text(align="left", baseline="top", dx=4).encode(
+            x=kx, y=label_y, text="text:N", color=label_color),
+        label.transform_filter("datum.right").mark_text(align="right", baseline="top", dx=-4).encode(
+            x=kx, y=label_y, text="text:N", color=label_color),
+    ).properties(width=width, height=height)
 
 
 # -- facts other pages glue (batchlab.chapters.facts) ----------------------------------------------------------

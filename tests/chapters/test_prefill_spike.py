@@ -1,5 +1,6 @@
-"""Chapter 05 (prefill spike): the spike is the admitting step, the requests behind the long prompt wait for it,
-V0's order makes it longer; the chart is a timeline and a TTFT panel that two select boxes filter together."""
+"""Chapter 5 (prefill spike): the spike is the admitting step, the requests behind the long prompt wait for it,
+V0's order makes it longer; the chart is a timeline and a TTFT panel that two groups of radio buttons filter
+together, every tooltip titled in words, no label running off the panel."""
 from __future__ import annotations
 
 import numpy as np
@@ -141,30 +142,47 @@ def test_spike_chart(frames):
     assert "title" not in spec and len(spec["vconcat"]) == 2
     params = {p["name"]: p for p in spec["params"]}
     assert set(params) == {"model", "order"}
-    assert params["model"]["bind"] == {"input": "select", "options": ["8b", "70b"], "name": "model"}
+    assert params["model"]["bind"] == {"input": "radio", "options": ["8b", "70b"], "name": "model"}
+    assert params["order"]["bind"]["input"] == "radio"  # two named choices each: buttons, not a select box
     assert params["order"]["bind"]["options"] == list(chapter.SPIKE_ORDERS)
     assert params["model"]["value"] == "8b"
     picks = [f for f in walk(spec, "filter") if isinstance(f, str) and "== model" in f]
-    assert len(picks) == 3 and all("== order" in f for f in picks)  # dots, spike label, ttft panel
+    assert len(picks) == 3 + 1 and all("== order" in f for f in picks)  # dots, two spike labels, ttft panel
     assert {"circle", "text", "rule", "line"} <= marks(spec)
     timeline, ttft = spec["vconcat"]
     dots = timeline["layer"][0]["encoding"]
     assert dots["x"]["field"] == "time_s" and dots["y"]["field"] == "itl_ms"
     assert ttft["encoding"]["color"]["field"] == "run" and ttft["encoding"]["y"]["field"] == "ttft_ms"
-    assert set(axis_titles(spec)) >= {"inter-token latency (ms)", "ttft (ms)"}
-    assert all(t == t.lower() for t in axis_titles(spec))
+    assert set(axis_titles(spec)) >= {"inter-token latency (ms)", "TTFT (ms)"}
+    assert all(t.replace("TTFT", "ttft") == t.lower() for t in axis_titles(spec))
+    ruled = [lyr for lyr in timeline["layer"] if lyr["mark"].get("type") == "text" and "x" in lyr["encoding"]
+             and lyr["encoding"]["x"].get("value") is not None]
+    assert [r["encoding"]["x"]["value"] for r in ruled] == ["width"]  # the reference's label follows the panel's edge
     ref = [r for d in spec["datasets"].values() for r in d if r.get("text") == "the article's 400 ms"]
     assert ref == [{"itl_ms": 400, "text": "the article's 400 ms"}]
 
 
-def test_spike_label_marks_the_largest_gap(frames):
+def test_spike_label_marks_the_largest_gap_on_the_side_with_room(frames):
     itl, behind, _, _ = frames
     spec = chapter.spike_chart(itl, behind).to_dict()
-    label = spec["vconcat"][0]["layer"][1]
-    ops = [t for t in label["transform"] if "joinaggregate" in t or "filter" in t]
-    assert ops[-2]["joinaggregate"] == [{"op": "max", "field": "itl_ms", "as": "top"}]
-    assert ops[-1]["filter"] == "datum.itl_ms == datum.top"
-    assert len(spec["vconcat"][0]["layer"]) == 2  # no reference rule unless asked
+    labels = spec["vconcat"][0]["layer"][1:]
+    assert len(labels) == 2  # no reference rule unless asked: the two spike labels
+    for label, side, align in zip(labels, ("!datum.left", "datum.left"), ("left", "right")):
+        ops = [t for t in label["transform"] if "joinaggregate" in t or "filter" in t]
+        assert {"op": "max", "field": "itl_ms", "as": "top"} in ops[-3]["joinaggregate"]
+        assert ops[-2]["filter"] == "datum.itl_ms == datum.top" and ops[-1]["filter"] == side
+        assert label["mark"]["align"] == align  # right of a dot in the left half, left of one in the right half
+    calc = [t["calculate"] for t in labels[0]["transform"] if t.get("as") == "left"]
+    assert calc == ["datum.time_s > (datum.lo + datum.hi) / 2"]
+
+
+def test_every_tooltip_is_titled_in_words(frames):
+    itl, behind, _, _ = frames
+    spec = chapter.spike_chart(itl, behind, 400, "the article's 400 ms").to_dict()
+    tips = [t for v in walk({k: v for k, v in spec.items() if k != "datasets"}, "tooltip") for t in v]
+    assert len(tips) == 3 + 2 + 3  # gaps, the reference, the short requests
+    assert all(t.get("title") and "_" not in t["title"] for t in tips)
+    assert {"inter-token latency (ms)", "TTFT (ms)", "arrival after the long prompt (ms)"} <= {t["title"] for t in tips}
 
 
 def test_spike_chart_axes_fit_every_selection(frames):

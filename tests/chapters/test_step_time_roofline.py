@@ -1,5 +1,5 @@
-"""Chapter 04 (the step-time roofline): the knee's closed forms, the grid's shape and monotonicity, and the
-chart (one panel per GPU, a context slider over the grid's index, knees drawn where CostModel.knee says)."""
+"""Chapter 4 (the step-time roofline): the knee's and the compute crossover's closed forms, the grids, and the
+chart (one panel per GPU, sliders over batch and context, a readout, knees drawn where CostModel.knee says)."""
 from __future__ import annotations
 
 import math
@@ -9,6 +9,7 @@ import pytest
 from spec_helpers import axis_titles, marks, walk
 
 import batchlab as bl
+from batchlab import viz
 from batchlab.chapters import step_time_roofline as chapter
 
 CONTEXTS = [0, 512, 1024, 4096, 16384]
@@ -89,7 +90,8 @@ def test_kv_fits_follows_the_pool(cost8b, grid):
 def test_knee_table(cost8b):
     big = bl.CostModel(bl.get_hardware("h100-sxm"), bl.get_model("llama-3-70b"), dtype="fp8")
     table = chapter.knee_table({"8b": cost8b, "70b": big}, CONTEXTS)
-    assert list(table.columns) == ["model", "context", "b_kv", "knee_h100-sxm", "knee_h200"]
+    assert list(table.columns) == ["model", "context", "b_kv", "knee_h100-sxm", "knee_h200", "crossover_h100-sxm",
+                                   "crossover_h200"]
     assert len(table) == 2 * len(CONTEXTS)
     for hw in ("h100-sxm", "h200"):
         ridge = table.loc[table["context"] == 0, f"knee_{hw}"]
@@ -101,26 +103,76 @@ def test_knee_table(cost8b):
     assert k70.loc[4096, "b_kv"] == pytest.approx(70_553_706_496 / (4096 * 327_680))
 
 
+def test_batch_and_context_grids():
+    batches = chapter.batch_grid(2048, per_octave=6)
+    assert batches[0] == 1 and batches[-1] == 2048 and (np.diff(batches) > 0).all()
+    assert set(range(1, 12)) <= set(batches.tolist())  # one sequence at a time at small batches ...
+    ratio = batches[1:] / batches[:-1]
+    assert ratio[batches[:-1] >= 16].max() < 1.2  # ... and about a sixth of a doubling (x 1.12) at a time from 16 on
+    assert chapter.batch_grid(100)[-1] == 100
+    contexts = chapter.context_grid(16384)
+    assert contexts.tolist()[:8] == [0, 64, 96, 128, 192, 256, 384, 512] and contexts[-1] == 16384
+    assert {512, 1024, 2048, 4096, 16384} <= set(contexts.tolist())  # the contexts of the knee facts
+    with pytest.raises(ValueError, match="per_octave"):
+        chapter.batch_grid(2048, per_octave=0)
+    with pytest.raises(ValueError, match="first"):
+        chapter.context_grid(16, first=64)
+
+
+def test_grid_numbers_the_batches_for_the_slider(cost8b):
+    curves, _ = chapter.step_time_grid(cost8b, [16, 1, 4, 4], [0, 1024])
+    one = curves[(curves["hardware"] == "h100-sxm") & (curves["cost"] == "roofline") & (curves["context"] == 0)]
+    assert one["batch"].tolist() == [1, 4, 16] and one["batch_index"].tolist() == [0, 1, 2]
+    with pytest.raises(ValueError, match="batches"):
+        chapter.step_time_grid(cost8b, [0, 4], [0])
+    with pytest.raises(ValueError, match="contexts"):
+        chapter.step_time_grid(cost8b, [1, 4], [-1])
+
+
+def _params(spec):
+    return {p["name"]: p for p in spec["params"]}
+
+
 def test_step_time_roofline_chart(frames):
-    spec = chapter.step_time_roofline_chart(*frames).to_dict()
+    curves, knees = frames
+    spec = chapter.step_time_roofline_chart(curves, knees, batch=60, context=1024).to_dict()
     assert "title" not in spec and len(spec["hconcat"]) == 2
-    (param,) = spec["params"]
-    assert param["name"] == "context_step"
-    # the reader picks a context in tokens; the parameter keeps the index the filters compare
-    assert param["bind"] == {"input": "radio", "options": [float(i) for i in range(len(CHART_CONTEXTS))],
-                             "labels": [f"{c:,}" for c in CHART_CONTEXTS], "name": "context per sequence (tokens)"}
-    assert param["bind"]["labels"][-1] == "16,384" and param["value"] == 0.0
+    params = _params(spec)
+    assert set(params) == {"batch_step", "context_step"}
+    # the reader moves sliders in sequences and tokens; the parameters keep the indices the filters compare
+    ctx = params["context_step"]
+    assert ctx["bind"] == {"input": "range", "min": 0.0, "max": float(len(CHART_CONTEXTS) - 1), "step": 1.0,
+                           "name": "context per sequence (tokens)"}
+    assert ctx["value"] == float(CHART_CONTEXTS.index(1024))
+    b = params["batch_step"]
+    assert b["bind"]["input"] == "range" and b["bind"]["name"] == "batch size (sequences)"
+    assert b["value"] == 3.0  # 64 of [1, 4, 16, 64, 256, 1024, 2048] is the nearest to 60
+    labels = viz._slider_labels(spec)  # what each slider shows beside itself, in sequences and tokens
+    assert labels["context_step"]["labels"] == [f"{c:,}" for c in CHART_CONTEXTS]
+    assert labels["batch_step"]["labels"] == ["1", "4", "16", "64", "256", "1,024", "2,048"]
     assert marks(spec) == {"line", "rule", "point", "text"}
     filters = [f for f in walk(spec, "filter") if isinstance(f, str)]
-    assert sum("context_index" in f and "context_step" in f for f in filters) == 2 * 6  # six layers a panel
-    for panel in spec["hconcat"]:
+    assert sum("context_index" in f and "context_step" in f for f in filters) >= 2 * 4
+    assert sum("batch_index" in f and "batch_step" in f for f in filters) >= 2 * 2  # the readout and the rings
+    for column in spec["hconcat"]:
+        readout, panel = column["vconcat"]
         line = panel["layer"][0]["encoding"]
         assert line["x"]["scale"]["type"] == "log" and line["y"]["scale"]["type"] == "log"
         assert line["x"]["field"] == "batch" and line["y"]["field"] == "step_time_ms"
         assert line["color"]["field"] == "cost"
-        assert {lyr["encoding"]["x"]["field"] for lyr in panel["layer"][2:5]} == {"knee"}
+        texts = [lyr["transform"] for lyr in readout["layer"] if "transform" in lyr]
+        calcs = [t["calculate"] for tr in texts for t in tr if "calculate" in t]
+        assert any("step_time_ms" in c and "' ms'" in c for c in calcs)  # the readout reads the step time in ms
     titles = set(axis_titles(spec))
     assert titles == {"batch size (sequences)", "step time (ms)"} and all(t == t.lower() for t in titles)
+
+
+def test_every_tooltip_is_titled_in_words(frames):
+    spec = chapter.step_time_roofline_chart(*frames).to_dict()
+    tips = [t for v in walk({k: v for k, v in spec.items() if k != "datasets"}, "tooltip") for t in v]
+    assert tips and all(t.get("title") and "_" not in t["title"] for t in tips)
+    assert {t["title"] for t in tips} >= {"batch size (sequences)", "context per sequence (tokens)",
+                                          "step time (ms)", "knee (sequences)", "GPU", "cost model"}
 
 
 def test_drawn_knees_are_the_cost_models(frames):
@@ -132,27 +184,60 @@ def test_drawn_knees_are_the_cost_models(frames):
     for r in knees.itertuples():
         assert drawn[r.hardware, r.cost, r.context] == r.knee
     ms = [r["step_time_ms"] for d in spec["datasets"].values() for r in d if "batch" in r]
-    assert np.allclose(sorted(ms), sorted(curves["step_time_s"] * 1e3))
+    assert np.allclose(sorted(ms), sorted(curves["step_time_s"] * 1e3), rtol=1e-6, atol=1e-4)
+
+
+def test_one_knee_label_where_both_curves_share_the_knee(frames):
+    curves, knees = frames
+    spec = chapter.step_time_roofline_chart(curves, knees).to_dict()
+    rows = [r for d in spec["datasets"].values() for r in d if "knee" in r]
+    for r in rows:
+        other = next(o for o in rows if o["hardware"] == r["hardware"] and o["context"] == r["context"]
+                     and o["cost"] != r["cost"])
+        shared = abs(r["knee"] - other["knee"]) < 0.05  # B_kv binds both: it is a ratio of bytes
+        assert r["label"] == ("" if not shared else "both" if r["cost"] == "roofline" else "none")
+    assert {r["label"] for r in rows if r["context"] == 0} == {""}  # the ridges differ: two labels
+    assert {r["label"] for r in rows if r["context"] == 16384} == {"both", "none"}
 
 
 def test_uneven_grid_gets_its_contexts_and_one_context_nothing_to_choose(frames):
     curves, knees = frames
     some = knees["context"].isin([0, 1024, 16384])
     spec = chapter.step_time_roofline_chart(curves[curves["context"].isin([0, 1024, 16384])], knees[some]).to_dict()
-    bind = spec["params"][0]["bind"]  # indices 0, 2, 6 are not evenly spaced: one button each
+    bind = _params(spec)["context_step"]["bind"]  # indices 0, 2, 6 are not evenly spaced: one button each
     assert bind["options"] == [0.0, 2.0, 6.0] and bind["labels"] == ["0", "1,024", "16,384"]
     one = curves[(curves["hardware"] == "h200") & (curves["context"] == 4096)]
     spec = chapter.step_time_roofline_chart(
         one, knees[(knees["hardware"] == "h200") & (knees["context"] == 4096)]).to_dict()
-    assert len(spec["hconcat"]) == 1 and "bind" not in spec["params"][0]  # a live explore cell's single context
-    assert spec["params"][0]["value"] == 4.0
+    params = _params(spec)
+    assert len(spec["hconcat"]) == 1 and "bind" not in params["context_step"]  # a live explore cell's one context
+    assert params["context_step"]["value"] == 4.0 and params["batch_step"]["bind"]["input"] == "range"
+
+
+def test_knee_table_crossover_moves_right_and_vanishes(cost8b):
+    table = chapter.knee_table({"8B": cost8b}, [0, 128, 256, 384, 512])
+    for hw in ("h100-sxm", "h200"):
+        cross, knee = table[f"crossover_{hw}"].to_numpy(), table[f"knee_{hw}"].to_numpy()
+        assert cross[0] == pytest.approx(knee[0])  # no cache: both are the ridge
+        assert (np.diff(knee) <= 0).all()  # the knee falls with context ...
+        finite = cross[np.isfinite(cross)]
+        assert (np.diff(finite) > 0).all()  # ... the crossover rises
+    h100 = table.set_index("context")["crossover_h100-sxm"]
+    ridge = cost8b.ideal().knee(0)
+    w, k = cost8b.streamed_weight_bytes, cost8b.kv_bytes_per_token
+    assert h100[128] == pytest.approx(ridge / (1 - 128 * k * ridge / w))  # 2 P B / F = (W + B l k) / BW
+    assert np.isfinite(h100[384]) and np.isinf(h100[512])  # gone past W / (k ridge), about 388 tokens
+    h200 = table.set_index("context")["crossover_h200"]
+    assert np.isfinite(h200[512])  # the H200's lower ridge keeps it a little longer
 
 
 def test_knee_display_names_gpus_and_marks_no_cache(cost8b):
     table = chapter.knee_table({"8B": cost8b}, [0, 1024])
     shown = chapter.knee_display(table)
     assert list(shown.data.columns) == ["model", "context (tokens)", "KV limit (sequences)",
-                                        "knee on H100 SXM (sequences)", "knee on H200 (sequences)"]
+                                        "knee on H100 SXM (sequences)", "knee on H200 (sequences)",
+                                        "compute crossover on H100 SXM (sequences)",
+                                        "compute crossover on H200 (sequences)"]
     html = shown.to_html()
     assert "none" in html and "inf" not in html and "111.8" in html and "1,024" in html
     assert chapter.gpu_name("h200") == "H200" and chapter.gpu_name("b200") == "b200"
