@@ -1,10 +1,12 @@
-"""Chapter 06, chunked prefill: the token budget trades the decoders' worst gap against the newcomer's TTFT.
+"""Chapter 6, chunked prefill: the token budget trades the decoders' worst gap against the newcomer's TTFT.
 
-The scene is :mod:`batchlab.chapters.scenes`' (decoders at 2,048 tokens of KV cache, one 8,000-token prompt
-arriving) under ``policy="chunked"``, once per ``max_num_batched_tokens`` and once with chunking off.
-:func:`fit_chunk_hyperbola` fits (ITL_max - t_d)(TTFT - L - N alpha) = N alpha t_d to the chunked runs (L the
-request latency every TTFT includes, known from the cost model), and the chart
-draws the trade with budget buttons, a chunking checkbox and the decoders' gaps at the chosen setting.
+The scene is :mod:`batchlab.chapters.scenes`' (``SCENES["spike"]``: decoders at 2,048 tokens of KV cache, one
+8,000-token prompt arriving) under ``policy="chunked"``, once per ``max_num_batched_tokens`` and once with chunking
+off. :func:`fit_chunk_hyperbola` fits (ITL_max - t_d)(TTFT - L - N alpha) = N alpha t_d to the chunked runs (L the
+request latency every TTFT includes, known from the cost model), and :func:`chunking_chart` draws the trade with a
+budget slider, a chunking checkbox (which disables the slider) and the decoders' gaps at the chosen setting.
+The facts at the end (``chunk_off_ttft_ms``, ``chunk_<budget>_gap_ms``, ``chunk_<budget>_ttft_ms``) are the
+trade at the budgets the book quotes.
 """
 from __future__ import annotations
 
@@ -15,14 +17,14 @@ import numpy as np
 import pandas as pd
 
 from .. import viz
-from . import scenes
+from . import facts, scenes
 
 
 def chunk_budget_sweep(cost, max_num_batched_tokens, *, unchunked_max_num_batched_tokens: int = 16384,
                        window_s: float = 0.1, **scene):
     """The decoders' worst ITL and the newcomer's TTFT at each token budget, and with chunking off.
 
-    Used in chapter 06.
+    Used in chapter 6.
 
     Chunking off is vLLM V1's own switch: ``policy="chunked"`` with ``enable_chunked_prefill=False`` and a
     budget of ``unchunked_max_num_batched_tokens``, large enough for the whole prompt and the decodes in one
@@ -78,7 +80,7 @@ def _budget_label(config: str, tokens: int) -> str:
 def budget_table(points: pd.DataFrame):
     """:func:`chunk_budget_sweep`'s points for the page: per budget the slices, the worst gap and the TTFT (ms).
 
-    Used in chapter 06.
+    Used in chapter 6.
     """
     df = points.assign(budget=[_budget_label(c, int(t)) for c, t in zip(points["config"],
                                                                       points["max_num_batched_tokens"])],
@@ -92,7 +94,7 @@ def budget_table(points: pd.DataFrame):
 
 def async_change(points: pd.DataFrame, late: pd.DataFrame) -> pd.DataFrame:
     """What async scheduling changes: ``late`` (async) minus ``points`` (synchronous), both from
-    :func:`chunk_budget_sweep` over the same budgets. Used in chapter 06.
+    :func:`chunk_budget_sweep` over the same budgets. Used in chapter 6.
 
     Returns
     -------
@@ -105,7 +107,7 @@ def async_change(points: pd.DataFrame, late: pd.DataFrame) -> pd.DataFrame:
 
 
 def async_change_table(change: pd.DataFrame):
-    """:func:`async_change` for the page, in ms with a sign. Used in chapter 06."""
+    """:func:`async_change` for the page, in ms with a sign. Used in chapter 6."""
     configs, tokens = change.index.get_level_values(0), change.index.get_level_values(1)
     df = pd.DataFrame({"budget": [_budget_label(c, int(t)) for c, t in zip(configs, tokens)],
                        "itl_ms": change["itl_max_s"].to_numpy() * 1e3, "ttft_ms": change["ttft_s"].to_numpy() * 1e3})
@@ -116,7 +118,7 @@ def async_change_table(change: pd.DataFrame):
 
 
 class HyperbolaFit(NamedTuple):
-    """(ITL_max - t_d)(TTFT - L - N alpha) = N alpha t_d, fitted to chunked-prefill runs. Used in chapter 06."""
+    """(ITL_max - t_d)(TTFT - L - N alpha) = N alpha t_d, fitted to chunked-prefill runs. Used in chapter 6."""
 
     alpha_s: float  # s per prompt token: the marginal prefill time
     t_d_s: float  # s: the decode step the chunks ride on
@@ -143,7 +145,7 @@ def fit_chunk_hyperbola(itl_max_s, ttft_s, prompt_tokens: int, latency_s: float 
     TTFT = L + (N / c)(t_d + c alpha), L the request latency (s, ``CostModel.request_latency_s``: the client
     sends the prompt that long before the engine sees it). Then N alpha / (TTFT - L) + t_d / ITL_max =
     c alpha / step + t_d / step = 1 for every c: an equation linear in (N alpha, t_d), solved by ordinary least
-    squares over the points. L is known, not fitted. Used in chapter 06.
+    squares over the points. L is known, not fitted. Used in chapter 6.
     """
     u, v = np.asarray(itl_max_s, dtype=float), np.asarray(ttft_s, dtype=float)
     if not (np.isfinite(latency_s) and latency_s >= 0):
@@ -159,20 +161,27 @@ def fit_chunk_hyperbola(itl_max_s, ttft_s, prompt_tokens: int, latency_s: float 
     return fit._replace(max_ttft_error=float(np.abs(fit.ttft_s(u) / v - 1).max()))
 
 
+_SETTING = ("datum.config == 'chunked' ? 'chunked, budget ' + format(datum.max_num_batched_tokens, ',') + ' tokens'"
+            " : 'chunking off'")  # a run as the reader names it (tooltips, the first-token label)
+_POINT_TIPS = [viz.tip("setting", "setting", kind="N"), viz.tip("itl_ms", "decoders' worst gap (ms)", ".1f"),
+               viz.tip("ttft_ms", "newcomer's time to first token (ms)", ",.0f"),
+               viz.tip("chunks", "iterations carrying part of the prompt", "d")]
+
+
 def chunking_chart(points: pd.DataFrame, timeline: pd.DataFrame, curve: pd.DataFrame,
                    max_num_batched_tokens: int = 2048):
     """The chunked-prefill trade: worst decoder ITL against the newcomer's TTFT, and the ITL timeline.
 
-    Used in chapter 06.
+    Used in chapter 6.
 
     Parameters
     ----------
     points : DataFrame
         :func:`chunk_budget_sweep` points: ``config`` ("chunked"/"unchunked"), ``max_num_batched_tokens``,
-        ``log2_tokens`` (evenly spaced over the chunked rows), ``itl_max_s``, ``ttft_s`` (s).
+        ``log2_tokens`` (evenly spaced over the chunked rows), ``itl_max_s``, ``ttft_s`` (s), ``chunks``.
     timeline : DataFrame
         Its timelines: ``config``, ``max_num_batched_tokens``, ``log2_tokens``, ``time_s`` (s since the
-        newcomer's arrival, the clock its ``ttft_s`` is on), ``itl_s``.
+        newcomer's arrival, the clock its ``ttft_s`` is on), ``itl_s``, ``sequences``.
     curve : DataFrame
         ``itl_max_s`` and ``ttft_s`` along the fitted hyperbola (``HyperbolaFit.curve``).
     max_num_batched_tokens : int
@@ -180,8 +189,10 @@ def chunking_chart(points: pd.DataFrame, timeline: pd.DataFrame, curve: pd.DataF
 
     Returns
     -------
-    altair chart; buttons labelled in tokens pick the budget (the parameter holds its log2) and the checkbox
-    turns chunking off, which moves the ring on the trade-off curve and redraws the timeline.
+    altair chart; a slider labelled in tokens picks the budget (the parameter ``log2_tokens`` holds its log2) and
+    the checkbox ``chunking`` turns chunking off, which moves the ring on the trade-off curve and redraws the
+    timeline. While chunking is off the slider is disabled (:func:`batchlab.viz.disable_when`): the budget then
+    changes nothing.
     """
     chunked = points[points["config"] == "chunked"]
     budget, at_budget = viz.grid_param("log2_tokens", chunked["log2_tokens"], "max_num_batched_tokens (tokens)",
@@ -197,20 +208,23 @@ def chunking_chart(points: pd.DataFrame, timeline: pd.DataFrame, curve: pd.DataF
     y = alt.Y("itl_ms:Q", title="decoders' worst inter-token latency (ms)",
               scale=alt.Scale(type="log", nice=False, padding=14),
               axis=alt.Axis(values=viz.log_ticks(points["itl_max_s"] * 1e3), format=","))
-    tips = ["config:N", "max_num_batched_tokens:Q", alt.Tooltip("itl_ms:Q", format=".1f"),
-            alt.Tooltip("ttft_ms:Q", format=".0f")]
-    fit = alt.Chart(curve).transform_calculate(**ms).mark_line(color="#999999", strokeDash=[5, 3], strokeWidth=1.5)
-    base = alt.Chart(points).transform_calculate(**ms).encode(x=x, y=y, tooltip=tips)
+    fit = alt.Chart(curve).transform_calculate(**ms).mark_line(color="#999999", strokeDash=[5, 3], strokeWidth=1.5
+                                                               ).encode(x=x, y=y, tooltip=[
+        viz.tip("itl_ms", "worst gap on the fitted hyperbola (ms)", ".1f"),
+        viz.tip("ttft_ms", "time to first token on the fitted hyperbola (ms)", ",.0f")])
+    base = alt.Chart(points).transform_calculate(setting=_SETTING, **ms).encode(x=x, y=y, tooltip=_POINT_TIPS)
     trade = base.transform_filter("datum.config == 'chunked'").mark_line(point=True, color=viz.PALETTE[0])
     off = base.transform_filter("datum.config == 'unchunked'").mark_point(shape="square", size=90,
-                                                                          color=viz.PALETTE[3])
-    names = base.transform_filter("datum.config == 'chunked'").mark_text(align="left", dx=8, dy=-8, fontSize=10
-                                                                         ).encode(text=alt.Text(
-                                                                             "max_num_batched_tokens:Q", format=","))
+                                                                          color=viz.PALETTE[3], filled=True)
+    names = base.transform_filter("datum.config == 'chunked'").mark_text(
+        align="left", dx=8, dy=-8, fontSize=10).encode(text=alt.Text("max_num_batched_tokens:Q", format=","))
+    off_name = base.transform_filter("datum.config == 'unchunked'").mark_text(
+        align="left", dx=8, dy=10, fontSize=10, color=viz.PALETTE[3]).encode(text=alt.value("chunking off"))
     ring = base.transform_filter(chosen).mark_point(size=300, filled=False, strokeWidth=2, color="black")
-    left = alt.layer(fit.encode(x=x, y=y), trade.encode(order="max_num_batched_tokens:Q"), off, names, ring
-                     ).properties(width=440, height=250)
-    return alt.vconcat(left, _chunking_timeline(points, timeline, chosen)).add_params(budget, toggle)
+    top = alt.layer(fit, trade.encode(order="max_num_batched_tokens:Q"), off, names, off_name, ring
+                    ).properties(width=440, height=250)
+    chart = alt.vconcat(top, _chunking_timeline(points, timeline, chosen)).add_params(budget, toggle)
+    return viz.disable_when(chart, "log2_tokens", "!chunking")
 
 
 def _chunking_timeline(points, timeline, chosen):
@@ -218,13 +232,66 @@ def _chunking_timeline(points, timeline, chosen):
     lo, hi = float(timeline["time_s"].min()), float(timeline["time_s"].max())
     x = alt.X("time_s:Q", title="time since the long prompt arrived (s)", scale=alt.Scale(domain=[lo, hi]))
     top = float(timeline["itl_s"].max() * 1e3 * 1.08)
+    tips = [viz.tip("time_s", "time since the long prompt arrived (s)", ".3f"),
+            viz.tip("itl_ms", "decoders' gap between two tokens (ms)", ".1f"),
+            viz.tip("sequences", "decoders with this gap", ",d")]
     bars = alt.Chart(timeline).transform_filter(chosen).transform_calculate(itl_ms="datum.itl_s * 1000").mark_bar(
         width=2.5, color=viz.PALETTE[0]).encode(x=x, y=alt.Y("itl_ms:Q", title="decoders' inter-token latency (ms)",
-                                                             scale=alt.Scale(domain=[0, top])))
+                                                             scale=alt.Scale(domain=[0, top])), tooltip=tips)
     first = alt.Chart(points).transform_filter(chosen).transform_calculate(
-        label="(datum.config == 'chunked' ? 'budget ' + format(datum.max_num_batched_tokens, ',') + ' tokens'"
-              " : 'chunking off') + ': first token after ' + format(datum.ttft_s * 1000, ',.0f') + ' ms'")
-    rule = first.mark_rule(color=viz.PALETTE[3], strokeDash=[4, 3]).encode(x="ttft_s:Q")
+        setting=_SETTING, ttft_ms="datum.ttft_s * 1000",
+        label=f"({_SETTING}) + ': first token after ' + format(datum.ttft_s * 1000, ',.0f') + ' ms'")
+    rule = first.mark_rule(color=viz.PALETTE[3], strokeDash=[4, 3]).encode(
+        x="ttft_s:Q", tooltip=[viz.tip("setting", "setting", kind="N"),
+                               viz.tip("ttft_ms", "newcomer's time to first token (ms)", ",.0f")])
     text = first.mark_text(align="right", baseline="top", y=2, color=viz.PALETTE[3], fontSize=11).encode(
-        x=alt.value(440), text="label:N")
+        x=alt.value("width"), text="label:N")
     return alt.layer(bars, rule, text).properties(width=440, height=180)
+
+
+# -- facts other pages glue (batchlab.chapters.facts) ----------------------------------------------------------
+FACT_BUDGETS = (512, 2048)  # the budgets whose trade the book quotes (cheat sheet, intro, chapter 14)
+UNCHUNKED_MAX_NUM_BATCHED_TOKENS = 16384  # chunking off: holds the prompt and the decodes, and max_model_len
+
+
+@facts.memo
+def _spike_trade(cost, budgets: tuple, unchunked: int) -> pd.DataFrame:
+    return chunk_budget_sweep(cost, list(budgets), unchunked_max_num_batched_tokens=unchunked)[0]
+
+
+def spike_trade(budgets=FACT_BUDGETS) -> pd.DataFrame:
+    """:func:`chunk_budget_sweep`'s points on the spike scene (its defaults: the synchronous scheduler) at
+    ``budgets`` and with chunking off, indexed by ``config`` and ``max_num_batched_tokens`` (cached on disk).
+
+    Used by the facts below, which chapter 6 shows in full and the cheat sheet, the intro and chapter 14 quote.
+    """
+    points = _spike_trade(scenes.scene("spike").cost(), tuple(int(b) for b in budgets),
+                          UNCHUNKED_MAX_NUM_BATCHED_TOKENS)
+    return points.set_index(["config", "max_num_batched_tokens"])
+
+
+@facts.fact("chunk_off_ttft_ms", scene="spike", unit="ms", fmt=".0f", chapter="chunked_prefill",
+            text="the newcomer's time to first token with chunking off (its client's, the request latency "
+                 "included): the whole 8,000-token prompt in one iteration beside the decodes")
+def _off_ttft():
+    return float(spike_trade().loc[("unchunked", UNCHUNKED_MAX_NUM_BATCHED_TOKENS), "ttft_s"] * 1e3)
+
+
+_GAP_FMT = {512: ".1f", 2048: ".0f"}  # a few tens of ms to a tenth, over fifty to the ms (the page's table: .1f)
+
+
+def _budget_facts(budget: int):
+    @facts.fact(f"chunk_{budget}_gap_ms", scene="spike", unit="ms", fmt=_GAP_FMT[budget], chapter="chunked_prefill",
+                text=f"the decoders' tallest gap between two tokens while the 8,000-token prompt is computed in "
+                     f"slices, max_num_batched_tokens = {budget:,}")
+    def _gap():
+        return float(spike_trade().loc[("chunked", budget), "itl_max_s"] * 1e3)
+
+    @facts.fact(f"chunk_{budget}_ttft_ms", scene="spike", unit="ms", fmt=".0f", chapter="chunked_prefill",
+                text=f"the newcomer's time to first token (its client's) with max_num_batched_tokens = {budget:,}")
+    def _ttft():
+        return float(spike_trade().loc[("chunked", budget), "ttft_s"] * 1e3)
+
+
+for _budget in FACT_BUDGETS:
+    _budget_facts(_budget)

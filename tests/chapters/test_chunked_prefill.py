@@ -1,13 +1,14 @@
-"""Chapter 06 (chunked prefill): the budget sweep over the shared scene, the hyperbola fit, and the chart with
-a budget slider and a chunking checkbox."""
+"""Chapter 6 (chunked prefill): the budget sweep over the shared scene, the hyperbola fit, and the chart with
+a budget slider and a chunking checkbox, and the facts of the trade."""
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
 from spec_helpers import marks, walk
-
+from batchlab import viz
 from batchlab.chapters import chunked_prefill as chapter
 from batchlab.chapters import scenes
 
@@ -114,17 +115,31 @@ def frames(sweep):
     return points, timeline, fit.curve(chunked["itl_max_s"].min(), chunked["itl_max_s"].max())
 
 
-def test_chunking_chart_params_bind_budget_buttons_and_a_checkbox(frames):
+def test_chunking_chart_binds_a_budget_slider_and_a_checkbox_that_disables_it(frames):
     spec = chapter.chunking_chart(*frames, max_num_batched_tokens=1024).to_dict()
     params = {p["name"]: p for p in spec["params"]}
-    # the reader picks a budget in tokens; the parameter keeps its log2, which the filters compare
-    assert params["log2_tokens"]["bind"] == {"input": "radio", "options": [8.0, 9.0, 10.0, 11.0],
-                                             "labels": ["256", "512", "1,024", "2,048"],
+    # the reader slides the budget in tokens; the parameter keeps its log2 (evenly spaced), which the filters compare
+    assert params["log2_tokens"]["bind"] == {"input": "range", "min": 8.0, "max": 11.0, "step": 1.0,
                                              "name": "max_num_batched_tokens (tokens)"}
     assert params["log2_tokens"]["value"] == 10.0
+    shown = viz._slider_labels(spec)["log2_tokens"]  # what the slider shows beside itself, in tokens
+    assert shown == {"min": 8.0, "step": 1.0, "labels": ["256", "512", "1,024", "2,048"]}
     assert not any("2^" in b.get("name", "") for b in walk(spec, "bind") if isinstance(b, dict))
     assert params["chunking"]["bind"]["input"] == "checkbox" and params["chunking"]["value"] is True
+    # chunking off, the budget changes nothing: the slider is disabled exactly then
+    assert spec["usermeta"]["disabledBy"] == {"log2_tokens": "log2_tokens_disabled"}
+    assert params["log2_tokens_disabled"]["expr"] == "!chunking"
     assert "title" not in spec and len(spec["vconcat"]) == 2
+
+
+def test_chunking_chart_tooltips_are_titled_in_words(frames):
+    spec = chapter.chunking_chart(*frames).to_dict()
+    tips = [t for tt in walk(spec, "tooltip") for t in (tt if isinstance(tt, list) else [tt])]
+    assert len(tips) >= 10 and all(isinstance(t, dict) and t.get("title") for t in tips)
+    assert not [t["title"] for t in tips if re.search(r"[a-z]+_[a-z]+", t["title"])]  # words, not code names
+    assert all("(" in t["title"] for t in tips if t["field"].endswith(("_ms", "_s")))  # with their unit
+    fields = {t["field"] for t in tips}
+    assert {"setting", "itl_ms", "ttft_ms", "time_s", "sequences"} <= fields and "config" not in fields
 
 
 def test_chunking_chart_layers_and_encodings(frames):
@@ -166,3 +181,22 @@ def test_page_tables_and_async_change(sweep):
     assert np.allclose(change["ttft_s"], 0.002) and np.allclose(change["itl_max_s"], -0.001)
     html = chapter.async_change_table(change).to_html()
     assert "+2.0" in html and "-1.00" in html and "8,192, chunking off" in html
+
+
+def test_facts_are_the_spike_scenes_sweep(cost8b):
+    # The facts the cheat sheet, the intro and chapter 14 quote: the scene's own runs (its defaults: the batch of
+    # the 20 ms step, the synchronous scheduler), the unchunked gap chapter 5's.
+    from batchlab.chapters import facts
+
+    points, _ = chapter.chunk_budget_sweep(cost8b, [512, 2048], unchunked_max_num_batched_tokens=16384)
+    at = points.set_index(["config", "max_num_batched_tokens"])
+    for b in chapter.FACT_BUDGETS:
+        assert facts.value(f"chunk_{b}_gap_ms") == at.loc[("chunked", b), "itl_max_s"] * 1e3
+        assert facts.value(f"chunk_{b}_ttft_ms") == at.loc[("chunked", b), "ttft_s"] * 1e3
+    assert facts.value("chunk_off_ttft_ms") == at.loc[("unchunked", 16384), "ttft_s"] * 1e3
+    assert facts.value("spike_gap_ms") == at.loc[("unchunked", 16384), "itl_max_s"] * 1e3
+    # the trade: a smaller budget, a shorter gap and a later first token; chunking off, the tallest and earliest
+    assert facts.value("chunk_512_gap_ms") < facts.value("chunk_2048_gap_ms") < facts.value("spike_gap_ms")
+    assert facts.value("chunk_512_ttft_ms") > facts.value("chunk_2048_ttft_ms") > facts.value("chunk_off_ttft_ms")
+    assert {f.name for f in facts.registry().values() if f.chapter == "chunked_prefill"} == {
+        "chunk_off_ttft_ms", "chunk_512_gap_ms", "chunk_512_ttft_ms", "chunk_2048_gap_ms", "chunk_2048_ttft_ms"}

@@ -1,7 +1,8 @@
-"""Chapter 07 (piggybacking): step kinds, per-step utilisation, the budget split, the mixing comparison, the stalls
+"""Chapter 7 (piggybacking): step kinds, per-step utilisation, the budget split, the mixing comparison, the stalls
 of prefill-only steps behind their p99 ITL peak, the readable tables, and the charts' specs (utilisation and
-roofline with a shape per run, the budget split with its buttons, the mixing comparison with a dash and a marker
-per policy)."""
+roofline with a shape per run, the budget split with its slider, the mixing comparison with a dash and a marker
+per policy), the iteration picker (each iteration's rows replayed from the schedule and priced as the engine
+priced them, both sides of every roofline) and the mixing facts."""
 from __future__ import annotations
 
 import numpy as np
@@ -10,6 +11,7 @@ import pytest
 from spec_helpers import marks, titles, walk
 
 import batchlab as bl
+from batchlab import viz
 from batchlab.chapters import piggybacking as chapter
 
 
@@ -129,14 +131,14 @@ def test_utilisation_chart(cost8b, small_stream):
     assert "title" not in spec and all(t == t.lower() for t in titles(spec))
 
 
-def test_budget_split_chart_budget_buttons(cost8b, small_stream):
+def test_budget_split_chart_budget_slider(cost8b, small_stream):
     split = chapter.budget_split(cost8b, small_stream, [512, 1024, 2048, 4096])
     spec = chapter.budget_split_chart(split, max_num_batched_tokens=2048).to_dict()
     (param,) = spec["params"]
     assert param["name"] == "log2_tokens" and param["value"] == 11.0
-    assert param["bind"] == {"input": "radio", "options": [9.0, 10.0, 11.0, 12.0],
-                             "labels": ["512", "1,024", "2,048", "4,096"],
-                             "name": "max_num_batched_tokens (tokens)"}  # the budget in tokens, not its log2
+    assert param["bind"] == {"input": "range", "min": 9.0, "max": 12.0, "step": 1.0,
+                             "name": "max_num_batched_tokens (tokens)"}  # a slider over the log2 grid ...
+    assert viz._slider_labels(spec)["log2_tokens"]["labels"] == ["512", "1,024", "2,048", "4,096"]  # ... in tokens
     assert marks(spec) == {"area", "rule", "text"}
     area = spec["layer"][0]["encoding"]
     assert area["y"]["stack"] == "zero" and area["color"]["field"] == "kind"
@@ -165,6 +167,9 @@ def test_mixing_chart():
     assert all(isinstance(x, (int, float)) and np.isfinite(x) for x in rates)
     assert sorted(rates) == [10.0, 10.0, 20.0, 20.0, 20.0]
     assert all(t == t.lower() for t in titles(spec))
+    with_cap = chapter.mixing_chart(df, rate_req_s=20.0, capacity_req_s=15.0).to_dict()
+    caps = [r["capacity_req_s"] for rows in with_cap["datasets"].values() for r in rows if "capacity_req_s" in r]
+    assert caps == [15.0] and marks(with_cap) == {"line", "point", "rule", "text"}
 
 
 def test_prefill_stalls_closed_form():
@@ -195,3 +200,146 @@ def test_kind_table_reads_in_units(cost8b, small_stream):
     util = chapter.step_utilisation({"a": bl.simulate(small_stream, "chunked", cost8b, max_num_batched_tokens=2048)})
     html = chapter.kind_table(util).to_html()
     assert "compute (% of peak)" in html and "duration (ms)" in html and "%" in html and "compute_util" not in html
+
+
+# -- inside one iteration -------------------------------------------------------------------------------------------
+def _priced(cost, rows, asynchronous):
+    """Every step of ``rows`` priced from its rows (seconds, FLOP, bytes), through the cost model's breakdown."""
+    out = {}
+    for step, one in rows.groupby("step"):
+        chunks = one[one["kind"] == "prefill"]
+        b = cost.step_breakdown(list(zip(chunks["new_tokens"], chunks["cached_tokens"])),
+                                one.loc[one["kind"] == "decode", "cached_tokens"].tolist(),
+                                sampled_chunks=int(chunks["samples"].sum()), asynchronous=asynchronous)
+        out[step] = (b.total_s, b.flops, b.hbm_bytes)
+    return pd.DataFrame(out, index=["duration_s", "flops", "hbm_bytes"]).T
+
+
+@pytest.mark.parametrize("knobs", [{}, {"async_scheduling": False}, {"num_kv_blocks": 1500}],
+                         ids=["async", "sync", "preempting"])
+def test_iteration_rows_replay_what_the_engine_priced(cost8b, stream, knobs):
+    # Identity: each step's rows, priced by the cost model, give the step's duration, FLOPs and bytes exactly,
+    # prefix hits and preemptions (a small KV pool) included.
+    res = bl.simulate(stream, "chunked", cost8b, max_num_batched_tokens=1024, record_schedule=True, **knobs)
+    rows = chapter.iteration_rows(res)
+    priced = _priced(cost8b, rows, res.knobs["async_scheduling"])
+    assert len(priced) == len(res.steps) and (priced.index == res.steps.index).all()
+    for col in priced:
+        assert np.allclose(priced[col], res.steps[col], rtol=1e-12, atol=0), col
+    assert (res.summary()["preemptions"] > 0) == ("num_kv_blocks" in knobs)  # the case does preempt
+    # every prompt token computed once per admission, one sample per output token
+    served = res.requests[~res.requests["rejected"]]
+    assert rows["samples"].sum() == served["output_tokens"].sum()
+    assert (rows.loc[rows["kind"] == "decode", "new_tokens"] == 1).all()
+    first = rows[rows["kind"] == "prefill"].groupby("request").first()
+    assert (first["cached_tokens"] == 0).all()  # no prefix blocks: every prompt starts from an empty cache
+    assert chapter.iteration_rows(res, 10)["step"].max() == 10
+
+
+def test_iteration_rows_need_a_recorded_schedule(cost8b, small_stream):
+    with pytest.raises(AttributeError, match="record_schedule"):
+        chapter.iteration_rows(bl.simulate(small_stream, "chunked", cost8b))
+
+
+def test_iteration_split_gives_both_sides_of_every_roofline(cost8b):
+    rows = pd.DataFrame({"step": 0, "request": [0, 1, 2, 3], "kind": ["prefill", "decode", "decode", "prefill"],
+                         "new_tokens": [1500, 1, 1, 200], "cached_tokens": [512, 900, 3000, 0],
+                         "samples": [False, True, True, True]})
+    split = chapter.iteration_split(cost8b, rows, asynchronous=False)
+    b = cost8b.step_breakdown([(1500, 512), (200, 0)], [900, 3000], sampled_chunks=1, asynchronous=False)
+    # the step pays the longer side of each operator: the breakdown's times
+    assert max(split["gemm_compute_s"], split["gemm_memory_s"]) == pytest.approx(b.gemm_s, rel=1e-12)
+    assert max(split["attn_compute_s"], split["attn_memory_s"]) == pytest.approx(b.attn_s, rel=1e-12)
+    assert max(split["lm_head_compute_s"], split["lm_head_memory_s"]) == pytest.approx(b.lm_head_s, rel=1e-12)
+    paid = b.gemm_s + b.attn_s + b.lm_head_s + split["elementwise_s"] + split["overhead_s"] + split["cpu_s"]
+    assert split["total_s"] == b.total_s == pytest.approx(paid, rel=1e-12)
+    # closed forms: 2 P' T FLOPs at eta_c F; the body's weights at the calibrated bandwidth; 1,702 new tokens
+    bw = cost8b.eta_memory * cost8b.hardware.hbm_bytes_per_s
+    assert split["gemm_compute_s"] == pytest.approx(
+        2 * cost8b.model.body_params * 1702 / (cost8b.eta_compute * cost8b.peak_flops), rel=1e-12)
+    assert split["gemm_memory_s"] + split["lm_head_memory_s"] == pytest.approx(cost8b.streamed_weight_bytes / bw)
+    assert split["attn_memory_s"] == pytest.approx(cost8b.kv_bytes_per_token * (512 + 900 + 3000 + 1702) / bw)
+    # a big chunk: compute-bound GEMMs, and its causal rows make even the attention compute-bound beside two decodes
+    assert split["gemm_compute_s"] > split["gemm_memory_s"] and split["attn_compute_s"] > split["attn_memory_s"]
+    nothing = chapter.iteration_split(cost8b, rows[rows["request"] == 0])  # a chunk that samples nothing
+    assert nothing["lm_head_compute_s"] == nothing["lm_head_memory_s"] == 0.0
+
+
+def test_iteration_apart_saves_a_weight_stream_and_a_fixed_cost(cost8b):
+    rows = pd.DataFrame({"step": 0, "request": [0] + list(range(1, 65)), "kind": ["prefill"] + ["decode"] * 64,
+                         "new_tokens": [1900] + [1] * 64, "cached_tokens": [0] + [1000] * 64,
+                         "samples": [True] + [True] * 64})
+    apart = chapter.iteration_apart(cost8b, rows)
+    whole = chapter.iteration_split(cost8b, rows)
+    decodes = chapter.iteration_split(cost8b, rows[rows["kind"] == "decode"])
+    assert apart["decodes_s"] == decodes["total_s"] and apart["decodes_s"] + apart["prompts_s"] > whole["total_s"]
+    assert apart["saved_s"] == pytest.approx(apart["decodes_s"] + apart["prompts_s"] - whole["total_s"], rel=1e-12)
+    parts = apart["saved_weights_s"] + apart["saved_attention_s"] + apart["saved_fixed_s"]
+    assert apart["saved_s"] == pytest.approx(parts, rel=1e-12)
+    # the decodes stream no weights of their own, paying their GEMM FLOPs instead (the chunk samples: LM head too)
+    stream = cost8b.streamed_weight_bytes / (cost8b.eta_memory * cost8b.hardware.hbm_bytes_per_s)
+    assert apart["saved_weights_s"] == pytest.approx(stream - decodes["gemm_compute_s"], rel=1e-9)
+    fixed = cost8b.overhead_s + cost8b.cpu_step_s * (1 - cost8b.cpu_hidden_fraction)  # fixed_step_async
+    assert apart["saved_fixed_s"] == pytest.approx(fixed, rel=1e-9)
+    alone = chapter.iteration_apart(cost8b, rows[rows["kind"] == "decode"])
+    assert alone["prompts_s"] == alone["saved_s"] == 0.0 and alone["decodes_s"] == decodes["total_s"]
+
+
+@pytest.fixture(scope="module")
+def picker(cost8b, stream):
+    res = bl.simulate(stream, "chunked", cost8b, max_num_batched_tokens=1024, record_schedule=True)
+    return res, chapter.picker_frames(cost8b, res, 20, 30)
+
+
+def test_picker_frames_are_the_runs_iterations(cost8b, picker):
+    res, frames = picker
+    it = frames["iterations"]
+    assert it["position"].tolist() == list(range(30)) and it["step"].tolist() == list(range(20, 50))
+    assert np.allclose(it["duration_s"], res.steps["duration_s"].iloc[20:50], rtol=1e-12)
+    assert (it["prompt_tokens"] == res.steps["prefill_tokens"].iloc[20:50].to_numpy()).all()
+    assert (it["decodes"] == res.steps["decode_seqs"].iloc[20:50].to_numpy()).all()
+    words = {"decode": "decodes only", "mixed": "mixed", "prefill": "prompts only"}
+    assert it["label"].tolist() == [f"{s:,} ({words[k]})" for s, k in zip(it["step"], it["kind"])]
+    counted = frames["decodes"].groupby("position")["decodes"].sum()
+    assert (counted.reindex(it["position"], fill_value=0).to_numpy() == it["decodes"].to_numpy()).all()
+    new = frames["chunks"][frames["chunks"]["part"] == "new"].groupby("position")["tokens"].sum()
+    assert (new.reindex(it["position"], fill_value=0).to_numpy() == it["prompt_tokens"].to_numpy()).all()
+    split = frames["split"]
+    paid = split[split["paid"]].groupby("position")["ms"].sum()  # the opaque bars add up to the step
+    assert np.allclose(paid.to_numpy(), it["duration_s"] * 1e3, rtol=1e-9)
+    lines = frames["readout"][frames["readout"]["position"] == 0]["text"].tolist()
+    assert lines[0] == f"iteration 20 at {it['start_s'].iloc[0]:.2f} s: {it['duration_s'].iloc[0] * 1e3:.1f} ms"
+    assert chapter.busiest(frames) == int(it["position"].iloc[it["prompt_tokens"].argmax()])
+    with pytest.raises(ValueError, match="first_step"):
+        chapter.picker_frames(cost8b, res, len(res.steps) - 5, 30)
+
+
+def test_iteration_chart_slider_and_panels(picker):
+    _, frames = picker
+    spec = chapter.iteration_chart(frames, position=3).to_dict()
+    (param,) = [p for p in spec["params"] if p["name"] == "iteration"]
+    assert param["bind"]["input"] == "range" and param["value"] == 3.0
+    assert param["bind"]["min"] == 0 and param["bind"]["max"] == 29 and param["bind"]["step"] == 1
+    assert viz._slider_labels(spec)["iteration"]["labels"] == frames["iterations"]["label"].tolist()
+    assert len(spec["vconcat"]) == 4 and {"bar", "text"} <= marks(spec)
+    filters = [f for f in walk(spec, "filter") if isinstance(f, str)]
+    at = "abs(datum['position'] - iteration) < 0.5"  # every panel shows the chosen iteration only
+    assert sum(at in f for f in filters) == 7 and all(at in f or f == "datum.part == 'new'" for f in filters)
+    tips = [t for tt in walk(spec, "tooltip") for t in (tt if isinstance(tt, list) else [tt])]
+    assert tips and all(isinstance(t, dict) and t.get("title") for t in tips)
+    assert not [t["title"] for t in tips if "_" in t["title"]]
+    assert chapter.iteration_chart(frames).to_dict()["params"][0]["value"] == chapter.busiest(frames)
+
+
+def test_mixing_facts_are_the_conv_scene_at_its_overload_rate():
+    from batchlab.chapters import facts
+
+    rate = facts.value("rate_over_req_s")
+    here = chapter.conv_mixing([rate]).set_index("policy")
+    for key, label in {"v1": "chunked: prompt chunks mixed in (vLLM V1)", "orca": "whole prompts mixed in (Orca)",
+                       "v0": "prefill-only steps (vLLM V0)"}.items():
+        assert facts.value(f"mix_{key}_tput") == here.loc[label, "output_throughput"]
+        assert facts.value(f"mix_{key}_p99_itl_ms") == here.loc[label, "p99_itl_ms"]
+    assert rate > facts.value("capacity_req_s")  # past capacity: throughput is what each scheduler can do
+    assert facts.value("mix_v1_tput") > facts.value("mix_orca_tput") > facts.value("mix_v0_tput")
+    assert facts.value("mix_v1_p99_itl_ms") < facts.value("mix_orca_p99_itl_ms")

@@ -1,0 +1,89 @@
+"""Chapter 6's chart in a real browser: the budget slider moves the ring and the first-token label to that budget's
+run; ticking chunking off disables the slider and shows the unchunked run; ticking it on enables it again.
+
+Needs the built book (``make book``, or ``scripts/build_pages.py notebooks/06_chunked_prefill`` with
+``BATCHLAB_BOOK_HTML``) and Debian's Chromium; fixtures ``site`` and ``browser`` are in ``tests/conftest.py``.
+"""
+from __future__ import annotations
+
+import pytest
+from bookpage import Visit, chart_texts, set_range
+
+from batchlab.chapters import facts
+
+pytestmark = pytest.mark.browser
+
+PAGE = "notebooks/06_chunked_prefill"
+
+
+@pytest.fixture
+def page(site, browser):
+    v = Visit(browser, f"{site}/{PAGE}.html")
+    yield v
+    v.close()
+
+
+def _changed(v, chart, act) -> None:
+    """Do ``act()`` and wait until the chart's svg differs."""
+    before = chart.locator("svg").first.inner_html()
+    act()
+    v.page.wait_for_function("([id, old]) => document.querySelector('#' + id + ' svg').innerHTML !== old",
+                             arg=[chart.get_attribute("id"), before], timeout=10_000)
+
+
+def _first_token(chart) -> str:
+    (label,) = [t for t in chart_texts(chart) if "first token after" in t]
+    return label
+
+
+def _ttft(name: str) -> str:
+    return f"{facts.value(name):,.0f} ms"
+
+
+def test_budget_slider_and_chunking_checkbox(page):
+    chart = page.chart(0)
+    slider = chart.locator(".vega-bindings input[type=range][name=log2_tokens]")
+    box = chart.locator(".vega-bindings input[type=checkbox][name=chunking]")
+    assert slider.count() == 1 and box.count() == 1 and box.is_checked() and slider.is_enabled()
+    shown = slider.locator("xpath=following-sibling::*[1]")  # the slider's value, in tokens
+    assert shown.inner_text() == "2,048"
+    assert _first_token(chart) == f"chunked, budget 2,048 tokens: first token after {_ttft('chunk_2048_ttft_ms')}"
+
+    _changed(page, chart, lambda: set_range(slider, 9))  # 2^9: 512 tokens
+    assert shown.inner_text() == "512"
+    assert _first_token(chart) == f"chunked, budget 512 tokens: first token after {_ttft('chunk_512_ttft_ms')}"
+
+    _changed(page, chart, box.click)  # chunking off: the budget changes nothing, so the slider is disabled
+    assert not box.is_checked() and slider.is_disabled()
+    assert _first_token(chart) == f"chunking off: first token after {_ttft('chunk_off_ttft_ms')}"
+    off = chart.locator("svg").first.inner_html()
+    assert slider.locator("xpath=ancestor::*[contains(@class, 'vega-bind')][1]").get_attribute("class").count(
+        "batchlab-disabled") == 1  # greyed out
+
+    _changed(page, chart, box.click)  # chunking on again: the slider is live and its budget is shown again
+    assert box.is_checked() and slider.is_enabled()
+    assert _first_token(chart) == f"chunked, budget 512 tokens: first token after {_ttft('chunk_512_ttft_ms')}"
+    assert chart.locator("svg").first.inner_html() != off
+    _changed(page, chart, lambda: set_range(slider, 11))
+    assert _first_token(chart) == f"chunked, budget 2,048 tokens: first token after {_ttft('chunk_2048_ttft_ms')}"
+    assert not page.errors, page.errors
+
+
+# Each display formula's typeset width against its box: the box scrolls sideways when the formula is wider.
+_FORMULAS_JS = """() => [...document.querySelectorAll('div.math')].map(d => {
+  const m = d.querySelector('mjx-container mjx-math');
+  return {tex: d.textContent.slice(0, 40), box: d.clientWidth, scroll: d.scrollWidth,
+          width: m ? m.getBoundingClientRect().width : -1};
+})"""
+
+
+def test_display_formulas_fit_a_phone(site, browser):
+    v = Visit(browser, f"{site}/{PAGE}.html", width=400)
+    try:
+        v.wait_math()
+        formulas = v.page.evaluate(_FORMULAS_JS)
+        assert len(formulas) >= 4
+        wide = [f for f in formulas if f["width"] > f["box"] + 1 or f["scroll"] > f["box"] + 1 or f["width"] <= 0]
+        assert not wide, f"display formulas wider than the column at 400 px: {wide}"
+    finally:
+        v.close()
