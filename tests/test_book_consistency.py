@@ -48,11 +48,13 @@ def _glued(page: str) -> dict[str, str]:
 
 
 def _renderings() -> dict[str, str]:
+    """How pages print each non-integer fact, with its unit ("20.8 req/s", "0.11 ms"): typed by hand, that is the
+    fact restated. A unit makes the match specific (a bare "0.11" may be a vLLM version)."""
     out = {}
     for name, f in facts.registry().items():
         v = facts.value(name)
         if f.fmt and isinstance(v, float):
-            out[name] = format(v, f.fmt)
+            out[name] = facts.rendered(name)
     return out
 
 

@@ -15,6 +15,8 @@ from ..metrics import tokens_per_step
 from ..sim import simulate
 from ..workload import preset
 
+OCCUPANCY_COLORS = {"slots held": "#CC79A7", "rows generating": "#0072B2"}  # line, bars of the occupancy panels
+
 
 def timeline_runs(cost, requests, *, slots: int = 4, max_queue_delay_s: float = 0.05) -> dict:
     """One request stream under static, dynamic and continuous batching with the same number of slots.
@@ -152,7 +154,7 @@ def gantt_chart(df: pd.DataFrame, facet: str = "policy", highlight: bool = False
     """
     if highlight or last_end:
         return _gantt_layers(df, facet, highlight, last_end)
-    bars = alt.Chart(df).mark_bar().encode(**_gantt_encoding())
+    bars = _gantt_bars(df).encode(**_gantt_encoding())
     if facet not in df.columns:
         return bars
     return bars.properties(width=520, height=alt.Step(12)).facet(row=alt.Row(f"{facet}:N", title=None))
@@ -162,8 +164,16 @@ def _gantt_encoding() -> dict:
     return dict(x=alt.X("start_s:Q", title="time (s)"), x2="end_s:Q", y=alt.Y("request:O", title="request"),
                 color=alt.Color("phase:N", title=None, legend=alt.Legend(orient="top"),
                                 scale=alt.Scale(domain=list(viz.PHASES), range=list(viz.PHASE_COLORS))),
-                tooltip=["request:O", "phase:N", alt.Tooltip("start_s:Q", format=".3f"),
-                         alt.Tooltip("end_s:Q", format=".3f")])
+                tooltip=[viz.tip("request", "request", kind="O"), viz.tip("phase", "phase", kind="N"),
+                         viz.tip("start_s", "from (s)", ",.3f"), viz.tip("end_s", "to (s)", ",.3f"),
+                         viz.tip("lasts", "lasts (ms or s)", kind="N")])
+
+
+def _gantt_bars(df: pd.DataFrame | None = None):
+    """The bars of :func:`gantt_chart`, each with how long its phase lasts for the tooltip."""
+    chart = alt.Chart() if df is None else alt.Chart(df)
+    return chart.transform_calculate(phase_s="datum.end_s - datum.start_s",
+                                     lasts=viz.duration_text("phase_s", "s")).mark_bar()
 
 
 def _gantt_layers(df: pd.DataFrame, facet: str, highlight: bool, last_end: bool):
@@ -178,7 +188,7 @@ def _gantt_layers(df: pd.DataFrame, facet: str, highlight: bool, last_end: bool)
         enc["opacity"] = alt.when("request < 0 || datum.request == request").then(alt.value(1.0)).otherwise(
             alt.value(0.2))
         params.append(param)
-    layers = [alt.Chart().mark_bar().encode(**enc)]
+    layers = [_gantt_bars().encode(**enc)]
     if last_end:
         last = alt.Chart().transform_aggregate(last_s="max(end_s)")
         layers += [last.mark_rule(color="black", strokeDash=[4, 3]).encode(x="last_s:Q"),
@@ -228,7 +238,7 @@ def occupancy_frame(res, label: str | None = None) -> pd.DataFrame:
 
 
 def occupancy_panels_chart(df: pd.DataFrame, facet: str = "policy"):
-    """Slots held (line) and rows generating a token (area) over time, one panel per ``facet``.
+    """Slots held (line) and rows generating a token (bars) over time, one panel per ``facet``.
 
     Used in chapter 03.
 
@@ -241,14 +251,26 @@ def occupancy_panels_chart(df: pd.DataFrame, facet: str = "policy"):
 
     Returns
     -------
-    altair chart.
+    altair chart; hovering anywhere in a panel shows that interval: when it starts and ends, the slots held and
+    the rows generating.
     """
+    wide = df.pivot_table(index=[facet, "time_s"], columns="measure", values="rows").reset_index()
+    # each interval ends at the next change; a run's last change (everything released) has no length
+    wide["end_s"] = wide.groupby(facet)["time_s"].shift(-1).fillna(wide["time_s"])
     x = alt.X("time_s:Q", title="time (s)")
+    y = alt.Y("rows:Q", title="sequences", axis=alt.Axis(tickMinStep=1))
     color = alt.Color("measure:N", title=None, legend=alt.Legend(orient="top"),
-                      scale=alt.Scale(domain=["slots held", "rows generating"], range=["#CC79A7", "#0072B2"]))
-    area = alt.Chart().transform_filter("datum.measure == 'rows generating'").mark_area(
-        interpolate="step-after", opacity=0.45).encode(x=x, y=alt.Y("rows:Q", title="sequences"), color=color)
-    line = alt.Chart().transform_filter("datum.measure == 'slots held'").mark_line(
-        interpolate="step-after", strokeWidth=1.5).encode(x=x, y="rows:Q", color=color)
-    return alt.layer(area, line, data=df).properties(width=520, height=70).facet(
+                      scale=alt.Scale(domain=list(OCCUPANCY_COLORS), range=list(OCCUPANCY_COLORS.values())))
+    tips = [viz.tip(facet, facet, kind="N"), viz.tip("time_s", "from (s)", ",.3f"),
+            viz.tip("end_s", "to (s)", ",.3f"), viz.tip("held", "slots held", "d"),
+            viz.tip("generating", "rows generating", "d")]
+    base = alt.Chart().transform_calculate(held="datum['slots held']", generating="datum['rows generating']")
+    long = base.transform_fold(list(OCCUPANCY_COLORS), as_=["measure", "rows"])
+    generating = long.transform_filter("datum.measure == 'rows generating'").mark_rect(opacity=0.45).encode(
+        x=x, x2="end_s:Q", y=y, y2=alt.datum(0), color=color)
+    held = long.transform_filter("datum.measure == 'slots held'").mark_line(
+        interpolate="step-after", strokeWidth=1.5).encode(x=x, y=y, color=color)
+    # One invisible rect per interval, the height of the panel, on top: a hover anywhere reads the interval.
+    hover = base.mark_rect(opacity=0).encode(x=x, x2="end_s:Q", y=alt.datum(0), y2=alt.value(0), tooltip=tips)
+    return alt.layer(generating, held, hover, data=wide).properties(width=520, height=70).facet(
         row=alt.Row(f"{facet}:N", title=None, sort=list(pd.unique(df[facet]))))

@@ -1,10 +1,12 @@
 """Chapter 02, dynamic batching: static, dynamic and iteration-level batching on one real-trace workload.
 
-:func:`policy_grid` runs the three at a few arrival rates (and dynamic batching at each max queue delay);
-the charts read latency against the queue delay (:func:`queue_delay_chart`) and against offered load
-(:func:`load_sweep_chart`). :func:`engine_arrival_s` says when the engine sees each request, after the serving
-terms of the cost model (the API server's tokenising and the request latency), so that an idle GPU can be told
-apart from a request still on its way (:func:`idle_while_queued_fraction`).
+:func:`policy_grid` runs the policies at a few arrival rates (and dynamic batching at each max queue delay);
+:func:`load_delay_grid` does it over the page's grid of loads, shares of the scene's capacity, and
+:func:`delay_load_chart` draws latency against the load and against the delay at the selected load.
+:func:`engine_arrival_s` says when the engine sees each request, after the serving terms of the cost model (the
+API server's tokenising and the request latency), so that an idle GPU can be told apart from a request still on
+its way (:func:`idle_while_queued_fraction`). The facts at the end (saturation throughputs, the low-load
+comparison) come from the same cached runs as the page.
 """
 from __future__ import annotations
 
@@ -22,13 +24,20 @@ from ..sim import simulate, vllm_defaults
 from ..workload import preset
 from . import facts, scenes
 
+LOCKSTEP_BATCH = 32  # rows of the static and dynamic batches the book compares
+LOADS = (0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.06, 0.08, 0.1, 0.12, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6,
+         0.7, 0.8, 0.9)  # offered loads of the page, as shares of the conv scene's capacity (capacity_req_s)
+DELAYS_MS = tuple(range(0, 1001, 50))  # dynamic batching's max queue delay grid (ms): the page's slider
+TIMER_MS = 50  # the page's timer: the dynamic batching its tables and facts quote
+LOW_LOAD, HIGH_LOAD = 0.01, 0.5  # the loads its table compares the four policies at (shares of capacity)
 LATENCY_COLUMNS = ("mean_e2el_ms", "p99_e2el_ms", "mean_ttft_ms", "p99_ttft_ms")
 POLICY_COLORS = {"static": "#D55E00", "dynamic": "#0072B2", "continuous": "#009E73", "chunked": "#CC79A7"}
 POLICY_SHAPES = {"static": "square", "dynamic": "circle", "continuous": "triangle-up", "chunked": "diamond"}
-LATENCY_LABELS = {"mean_e2el_ms": "mean e2el", "p99_e2el_ms": "p99 e2el", "mean_ttft_ms": "mean ttft",
-                  "p99_ttft_ms": "p99 ttft"}
-LATENCY_HEADERS = {"mean_e2el_ms": "mean end-to-end latency (s)", "p99_e2el_ms": "p99 end-to-end latency (s)",
-                   "mean_ttft_ms": "mean time to first token (s)", "p99_ttft_ms": "p99 time to first token (s)"}
+POLICY_DASHES = {"static": [7, 3], "dynamic": [1, 0], "continuous": [1, 0], "chunked": [3, 3]}
+LATENCY_LABELS = {"mean_e2el_ms": "mean end-to-end latency", "p99_e2el_ms": "p99 end-to-end latency",
+                  "mean_ttft_ms": "mean TTFT", "p99_ttft_ms": "p99 TTFT"}
+LATENCY_HEADERS = {"mean_e2el_ms": "mean end-to-end (s)", "p99_e2el_ms": "p99 end-to-end (s)",
+                   "mean_ttft_ms": "mean TTFT (s)", "p99_ttft_ms": "p99 TTFT (s)"}
 USAGE_HEADERS = {"gpu_busy_fraction": "GPU busy", "idle_while_waiting_fraction": "GPU idle, a request sent",
                  "idle_while_queued_fraction": "GPU idle, a request at the engine",
                  "padding_fraction": "padded token slots", "full_batch_fraction": "batches leaving full"}
@@ -128,14 +137,19 @@ def policy_grid(cost, workload: str, n_requests: int, rates_req_s, *, batch_size
     return pd.DataFrame(rows)
 
 
-def capacity_table(capacity: pd.DataFrame):
-    """Saturation throughput of each policy (:func:`policy_grid` at an infinite rate), for the page.
+POLICY_WORDS = {"static": "static", "dynamic": "dynamic", "continuous": "continuous (Orca)",
+                "chunked": "chunked (vLLM)"}
 
-    Used in chapter 02.
+
+def capacity_table(capacity: pd.DataFrame, capacity_req_s: float):
+    """Saturation throughput of each policy (:func:`policy_grid` at an infinite rate) and its share of the
+    scene's capacity ``capacity_req_s`` (req/s), for the page. Used in chapter 02.
     """
-    return viz.display_table(capacity, {
-        "policy": ("policy", "{}"), "request_throughput": ("saturation throughput (req/s)", "{:.2f}"),
-        "output_throughput": ("output throughput (tok/s)", "{:,.0f}"),
+    df = capacity.assign(words=capacity["policy"].map(POLICY_WORDS),
+                         share=capacity["request_throughput"] / capacity_req_s)
+    return viz.display_table(df, {  # three significant digits: as the page's facts print them (2.35, 19.9, 20.8)
+        "words": ("policy", "{}"), "request_throughput": ("saturation throughput (req/s)", "{:.3g}"),
+        "share": ("share of capacity", "{:.0%}"), "output_throughput": ("output throughput (tok/s)", "{:,.0f}"),
         "padding_fraction": ("padded token slots", "{:.0%}")})
 
 
@@ -144,165 +158,253 @@ def _seconds(v: float) -> str:
     return f"{v:,.0f}" if abs(v) >= 100 else f"{v:#.3g}"
 
 
-def latency_table(runs: pd.DataFrame):
-    """Latency and throughput of each run of :func:`policy_grid` (a ``load`` column), in seconds, for the page.
+def _with_words(runs: pd.DataFrame) -> pd.DataFrame:
+    return runs.assign(load_words=[f"{100 * float(x):g} %" for x in runs["load"]],
+                       words=runs["policy"].map(POLICY_WORDS))
 
-    Used in chapter 02.
+
+def latency_table(runs: pd.DataFrame):
+    """Latency and throughput of each run of :func:`policy_grid` with a ``load`` column (shares of capacity), in
+    seconds, for the page. Used in chapter 02.
     """
-    df = runs.assign(**{c: runs[c] / 1e3 for c in LATENCY_COLUMNS})
-    columns = {"load": ("offered load", "{}"), "policy": ("policy", "{}")}
+    df = _with_words(runs).assign(**{c: runs[c] / 1e3 for c in LATENCY_COLUMNS})
+    columns = {"load_words": ("load (share of capacity)", "{}"), "words": ("policy", "{}")}
     columns |= {c: (LATENCY_HEADERS[c], _seconds) for c in LATENCY_COLUMNS}
     return viz.display_table(df, columns | {"request_throughput": ("throughput (req/s)", "{:.2f}")})
 
 
 def usage_table(runs: pd.DataFrame):
-    """Where the GPU's time goes in each run of :func:`policy_grid` (a ``load`` column): :data:`USAGE_HEADERS`
+    """Where the GPU's time goes in each run of :func:`policy_grid` with a ``load`` column: :data:`USAGE_HEADERS`
     as percentages, "–" where a measure does not apply (iteration-level batches never "leave full").
 
     Used in chapter 02.
     """
-    columns = {"load": ("offered load", "{}"), "policy": ("policy", "{}")}
-    return viz.display_table(runs, columns | {c: (h, "{:.1%}") for c, h in USAGE_HEADERS.items()})
+    columns = {"load_words": ("load (share of capacity)", "{}"), "words": ("policy", "{}")}
+    return viz.display_table(_with_words(runs), columns | {c: (h, "{:.1%}") for c, h in USAGE_HEADERS.items()})
 
 
-def _policy_color(policies):
+def _policy_scales(policies) -> dict:
+    """Colour, marker and dash per policy (:data:`POLICY_COLORS`, :data:`POLICY_SHAPES`, :data:`POLICY_DASHES`):
+    lines that run together (static and dynamic past lockstep saturation, continuous and chunked below
+    capacity) stay apart by their dash and marker."""
     domain = [p for p in POLICY_COLORS if p in set(policies)]
-    return alt.Color("policy:N", title=None, sort=domain, legend=alt.Legend(orient="top"),
-                     scale=alt.Scale(domain=domain, range=[POLICY_COLORS[p] for p in domain]))
-
-
-def _policy_shape(policies):
-    """A marker shape per policy, so lines that overlap (static and dynamic past saturation) stay apart."""
-    domain = [p for p in POLICY_SHAPES if p in set(policies)]
-    return alt.Shape("policy:N", title=None, sort=domain, legend=alt.Legend(orient="top"),
-                     scale=alt.Scale(domain=domain, range=[POLICY_SHAPES[p] for p in domain]))
+    legend = alt.Legend(orient="top", title=None, symbolStrokeWidth=2)
+    return {"color": alt.Color("policy:N", sort=domain, legend=legend,
+                               scale=alt.Scale(domain=domain, range=[POLICY_COLORS[p] for p in domain])),
+            "shape": alt.Shape("policy:N", sort=domain, legend=legend,
+                               scale=alt.Scale(domain=domain, range=[POLICY_SHAPES[p] for p in domain])),
+            "strokeDash": alt.StrokeDash("policy:N", sort=domain, legend=legend,
+                                         scale=alt.Scale(domain=domain, range=[POLICY_DASHES[p] for p in domain]))}
 
 
 def latency_frame(runs: pd.DataFrame) -> pd.DataFrame:
-    """:func:`policy_grid` rows as one row per run and latency metric, for :func:`queue_delay_chart`.
+    """:func:`policy_grid` rows (with a ``load`` column) as one row per run and latency metric.
 
-    Used in chapter 02.
-
-    Parameters
-    ----------
-    runs : DataFrame
-        :func:`policy_grid`.
+    Used in chapter 02 (:func:`delay_load_chart`).
 
     Returns
     -------
     DataFrame
-        The run's ``load`` (if any), ``rate_req_s``, ``policy``, ``max_queue_delay_ms`` (ms, NaN except
-        dynamic), ``metric`` (a :data:`LATENCY_LABELS` value such as "p99 e2el") and ``latency_s`` (s).
+        ``load`` (share of capacity), ``load_index`` (its rank among the loads: the slider's position),
+        ``rate_req_s``, ``policy``, ``max_queue_delay_ms`` (ms, NaN except dynamic), ``metric`` (a
+        :data:`LATENCY_LABELS` value) and ``latency_s`` (s).
     """
-    ids = [c for c in ("load", "rate_req_s", "policy", "max_queue_delay_s") if c in runs]
+    ids = ["load", "rate_req_s", "policy", "max_queue_delay_s"]
     long = runs.melt(id_vars=ids, value_vars=list(LATENCY_LABELS), var_name="metric", value_name="latency_ms")
     long["metric"] = long["metric"].map(LATENCY_LABELS)
     long["latency_s"] = long.pop("latency_ms") / 1e3
     long["max_queue_delay_ms"] = long.pop("max_queue_delay_s") * 1e3
+    loads = np.unique(long["load"].astype(float))
+    long["load_index"] = np.searchsorted(loads, long["load"].astype(float))
     return long
 
 
-def queue_delay_chart(runs: pd.DataFrame, facet: str = "load"):
-    """Latency against dynamic batching's max queue delay, other policies as reference lines.
+def load_labels(long: pd.DataFrame) -> list[str]:
+    """What the load slider shows at each position: the rate and its share of capacity. Used in chapter 02."""
+    at = long.groupby("load_index")[["rate_req_s", "load"]].first()
+    return [f"{r:.{2 if r < 1 else 1}f} req/s, {100 * share:g} % of capacity"
+            for r, share in zip(at["rate_req_s"], at["load"])]
+
+
+def _coincide(values: dict, close) -> list[tuple[str, float]]:
+    """Direct labels for lines ending at ``values`` (policy -> y): policies ``close`` to each other share one
+    label ("static ≈ dynamic"), placed at the highest of them."""
+    groups: list[list[str]] = []
+    for policy in sorted(values, key=values.get):
+        if groups and close(values[groups[-1][-1]], values[policy]):
+            groups[-1].append(policy)
+        else:
+            groups.append([policy])
+    return [(" ≈ ".join(sorted(g, key=list(POLICY_COLORS).index)), max(values[p] for p in g)) for g in groups]
+
+
+def delay_panel_marks(long: pd.DataFrame) -> pd.DataFrame:
+    """The delay panel's reference lines and direct labels, per load and metric: where the non-dynamic policies
+    sit against dynamic batching's curve. Static latency more than 1.5 times everything else is not drawn (it
+    would flatten the curve the panel is about); a label at the top says it is above the axis.
+
+    Used in chapter 02 (:func:`delay_load_chart`).
+
+    Returns
+    -------
+    DataFrame
+        ``load_index``, ``metric``, ``kind`` ("rule": a reference line at ``latency_s``; "label": text at
+        ``latency_s``, the right end of the axis; "above": the static note at the top), ``policy`` and ``text``.
+    """
+    rows = []
+    xmax = float(long["max_queue_delay_ms"].max())
+    for (i, metric), g in long.groupby(["load_index", "metric"]):
+        dyn = g[g["policy"] == "dynamic"].sort_values("max_queue_delay_ms")
+        ref = g[g["policy"] != "dynamic"].set_index("policy")["latency_s"]
+        shown = ref.drop("static", errors="ignore")
+        top = 1.12 * max(float(dyn["latency_s"].max()), float(shown.max()) if len(shown) else 0.0)
+        static_on = "static" in ref and ref["static"] <= 1.5 * top / 1.12
+        if static_on:
+            shown = ref
+        elif "static" in ref:
+            rows.append({"load_index": i, "metric": metric, "kind": "above", "policy": "static", "latency_s": top,
+                         "text": "static: above the axis ↑"})
+        rows += [{"load_index": i, "metric": metric, "kind": "rule", "policy": p, "latency_s": float(v), "text": p}
+                 for p, v in shown.items()]
+        ends = {**shown.to_dict(), "dynamic": float(dyn["latency_s"].iloc[-1])}
+        for text, y in _coincide(ends, lambda a, b, top=top: abs(a - b) < 0.08 * top):
+            if text != "dynamic":
+                rows.append({"load_index": i, "metric": metric, "kind": "label", "policy": text.split(" ≈ ")[0],
+                             "latency_s": y, "text": text, "max_queue_delay_ms": xmax})
+    return pd.DataFrame(rows)
+
+
+def _readout(long: pd.DataFrame, load, delay, metric):
+    """Lines above the panels: the selected metric, load and delay, then each policy's value there."""
+    at = f"datum.load_index == {load.name} && datum.metric == {metric.name}"
+    picked = f"{at} && (datum.policy != 'dynamic' || abs(datum.max_queue_delay_ms - {delay.name}) < 1e-6)"
+    where = ("'at ' + format(datum.rate_req_s, datum.rate_req_s < 1 ? '.2f' : '.1f') + ' req/s, '"
+             " + format(100 * datum.load, '~g') + ' % of capacity'")
+    timer = f"'max queue delay ' + format({delay.name}, ',.0f') + ' ms'"
+    line = "datum.policy + ': ' + (" + viz.duration_text("latency_s", "s") + ")"
+    base = alt.Chart(long).transform_filter(picked)
+    first = base.transform_filter("datum.policy == 'dynamic'")
+    header = [first.transform_calculate(text=text).mark_text(align="left", baseline="top", fontWeight=weight)
+              .encode(x=alt.value(0), y=alt.value(15 * i), text="text:N")
+              for i, (text, weight) in enumerate([(metric.name, "bold"), (where, "normal"), (timer, "normal")])]
+    order = list(POLICY_COLORS)
+    values = base.transform_calculate(text=line, y_px=f"49 + 15 * indexof({order}, datum.policy)").mark_text(
+        align="left", baseline="top").encode(x=alt.value(0), y=alt.Y("y_px:Q", scale=None), text="text:N",
+                                             color=_policy_scales(order)["color"])
+    return alt.layer(*header, values).properties(width=280, height=49 + 15 * len(order))
+
+
+def delay_load_chart(runs: pd.DataFrame, rules: pd.DataFrame, delay_ms: float = TIMER_MS, load: float = LOW_LOAD):
+    """Latency against offered load (left, every policy) and against dynamic batching's max queue delay at the
+    selected load (right), with sliders for the load and the delay and a select box for the metric.
 
     Used in chapter 02.
 
     Parameters
     ----------
     runs : DataFrame
-        :func:`policy_grid` with dynamic runs on an evenly spaced delay grid and a ``facet`` column (one
-        panel per load, ordered by ``rate_req_s``).
-    facet : str
-        Column splitting the panels.
+        :func:`policy_grid` with a ``load`` column (shares of capacity) and dynamic runs on an evenly spaced
+        delay grid, as :func:`conv_grid` returns.
+    rules : DataFrame
+        ``rate_req_s`` and ``label`` of the vertical rules of the load panel (saturation throughputs).
+    delay_ms, load : float
+        Where the sliders start (the nearest grid values).
 
     Returns
     -------
-    altair chart; a slider over the delay marks and labels the dynamic point in every panel, a select box
-    picks the latency metric (mean or p99, e2el or ttft). Latency is on a log axis.
+    altair chart: a readout (the selected metric, load and delay, and each policy's value there) above the
+    two panels. The load panel has log axes, a rule at the selected load and a ring on each policy there; the
+    delay panel a linear axis from zero on which dynamic batching's curve is drawn against the other policies'
+    lines (static's only where it fits, :func:`delay_panel_marks`). Every point answers a hover.
     """
     long = latency_frame(runs)
-    delay, at_delay = viz.grid_param("delay", long["max_queue_delay_ms"].dropna(), "max queue delay (ms)",
-                                     field="max_queue_delay_ms")
-    metric = alt.param(name="metric", value=LATENCY_LABELS["mean_e2el_ms"],
-                       bind=alt.binding_select(options=list(LATENCY_LABELS.values()), name="latency "))
-    x = alt.X("max_queue_delay_ms:Q", title="max queue delay (ms)")
-    # Fixed label room and 16 px of padding: switching the metric changes the tick labels and moves the lowest
-    # line's label (drawn under it) to the bottom; neither may grow the chart past its container.
-    y = alt.Y("latency_s:Q", title="latency (s)", scale=alt.Scale(type="log", padding=16),
-              axis=alt.Axis(minExtent=40, maxExtent=40))
-    color = _policy_color(long["policy"])
-    base = alt.Chart().transform_filter("datum.metric == metric")
-    dyn = base.transform_filter("datum.policy == 'dynamic'")
-    ref = base.transform_filter("datum.policy != 'dynamic'")
-    xmax = float(long["max_queue_delay_ms"].max())
-    picked = dyn.transform_filter(at_delay).transform_calculate(label="format(datum.latency_s, '.3~s') + ' s'")
-    layers = [dyn.mark_line(point=True).encode(x=x, y=y, color=color),
-              ref.mark_rule(strokeDash=[5, 3]).encode(y=y, color=color),
-              # continuous and chunked often coincide: one label under its line on the left, the others past the
-              # right end of the plot, where the dynamic curve cannot run through them
-              ref.transform_filter("datum.policy == 'continuous'").mark_text(align="left", baseline="top", dy=3)
-              .encode(x=alt.datum(0.0), y=y, color=color, text="policy:N"),
-              ref.transform_filter("datum.policy != 'continuous'").mark_text(align="left", baseline="middle", dx=4)
-              .encode(x=alt.datum(xmax), y=y, color=color, text="policy:N"),
-              picked.mark_point(size=180, color="black", filled=False).encode(x=x, y=y),
-              picked.transform_filter(f"datum.max_queue_delay_ms <= {xmax / 2}").mark_text(
-                  align="left", dx=9, dy=-9, fontWeight="bold").encode(x=x, y=y, text="label:N"),
-              # higher up than the left-hand label: the reference lines' names sit just above them on the right
-              picked.transform_filter(f"datum.max_queue_delay_ms > {xmax / 2}").mark_text(
-                  align="right", dx=-6, dy=-20, fontWeight="bold").encode(x=x, y=y, text="label:N")]
-    panels = alt.layer(*layers, data=long).properties(width=210, height=260)
-    order = runs.groupby(facet)["rate_req_s"].min().sort_values().index.tolist()
-    return panels.facet(column=alt.Column(f"{facet}:N", title=None, sort=order)).resolve_scale(
-        y="independent").add_params(delay, metric)
+    loads = np.unique(long["load"].astype(float))
+    load_p, at_load = viz.grid_param("load_index", long["load_index"], "offered load", labels=load_labels(long),
+                                     value=float(np.abs(loads - load).argmin()))
+    delays = long["max_queue_delay_ms"].dropna()
+    delay_p, at_delay = viz.grid_param("delay", delays, "max queue delay", field="max_queue_delay_ms",
+                                       value=delay_ms, labels=lambda d: f"{d:,.0f} ms")
+    options = list(LATENCY_LABELS.values())
+    metric = alt.param(name="metric", value=options[0], bind=alt.binding_select(options=options, name="latency "))
+    scales = _policy_scales(long["policy"])
+    on_metric = f"datum.metric == {metric.name}"
+    shown = f"{on_metric} && (datum.policy != 'dynamic' || {at_delay})"
+    tips = [viz.tip("policy", "policy", kind="N"), viz.tip("rate_req_s", "offered load (req/s)", ",.2f"),
+            viz.tip("load", "share of capacity (%)", ".1%"), viz.tip("max_queue_delay_ms", "max queue delay (ms)",
+                                                                     ",.0f"),
+            viz.tip("latency_text", "latency (ms or s)", kind="N")]
+    base = alt.Chart(long).transform_filter(shown).transform_calculate(
+        latency_text=viz.duration_text("latency_s", "s"))
+    x = alt.X("rate_req_s:Q", title="offered load (req/s)", scale=alt.Scale(type="log", nice=False, domain=[
+        0.8 * float(long["rate_req_s"].min()), 1.25 * max(float(long["rate_req_s"].max()), rules["rate_req_s"].max())]),
+        axis=alt.Axis(values=viz.log_ticks(long["rate_req_s"]), format="~g"))
+    y = alt.Y("latency_s:Q", title="latency (s)", scale=alt.Scale(type="log", nice=False, padding=6),
+              axis=alt.Axis(labelExpr=viz.LOG125_LABEL.replace("'~g'", "',~g'")))
+    load_panel = alt.layer(
+        base.mark_line(strokeWidth=1.8).encode(x=x, y=y, color=scales["color"], strokeDash=scales["strokeDash"]),
+        base.mark_point(size=40, filled=True).encode(x=x, y=y, color=scales["color"], shape=scales["shape"],
+                                                    tooltip=tips),
+        base.transform_filter(at_load).mark_point(size=190, filled=False, color="black").encode(x=x, y=y),
+        alt.Chart(long).transform_filter(at_load).transform_aggregate(rate_req_s="max(rate_req_s)").mark_rule(
+            color="black", strokeWidth=0.8).encode(x="rate_req_s:Q"),
+        alt.Chart(rules).mark_rule(color="#888888", strokeDash=[2, 2]).encode(x="rate_req_s:Q"),
+        alt.Chart(rules).mark_text(align="right", baseline="bottom", dx=2, dy=-3, color="#555555", y=0)
+        .encode(x="rate_req_s:Q", text="label:N"),  # above the plot, each ending at its rule
+        _load_end_labels(long, on_metric, x, y)).properties(width=270, height=260)
+    return alt.vconcat(_readout(long, load_p, delay_p, metric), alt.hconcat(
+        load_panel, _delay_panel(long, on_metric, at_load, at_delay, scales, tips))).add_params(
+        load_p, delay_p, metric).properties(usermeta={"narrow": {"margin": 70}})
 
 
-def saturation_rules(capacity: pd.DataFrame) -> pd.DataFrame:
-    """The two vertical rules of :func:`load_sweep_chart`: lockstep (``static``) and iteration-level
-    (``continuous``) saturation throughputs (req/s) from :func:`policy_grid`'s run with every request at time 0.
-
-    Used in chapter 02.
-    """
-    sat = capacity.set_index("policy")["request_throughput"]
-    return pd.DataFrame({"rate_req_s": [float(sat["static"]), float(sat["continuous"])],
-                         "label": ["lockstep saturation", "iteration-level saturation"]})
+LABEL_LIFT = 10 ** 0.2  # the load panel's direct labels sit this factor above their point (log axis): inside the plot
 
 
-def load_sweep_chart(runs: pd.DataFrame, capacities: pd.DataFrame, metric: str = "mean_e2el_ms"):
-    """Latency against offered load per policy on log-log axes, saturation throughputs as rules.
-
-    Used in chapter 02.
-
-    Parameters
-    ----------
-    runs : DataFrame
-        :func:`policy_grid` over several rates (at most one delay for dynamic).
-    capacities : DataFrame
-        ``rate_req_s`` (req/s) and ``label`` of each vertical rule, e.g. each policy's saturation throughput.
-    metric : str
-        A latency column of ``runs`` (ms); plotted in seconds.
-
-    Returns
-    -------
-    altair chart.
-    """
-    df = runs.assign(latency_s=runs[metric] / 1e3)
-    lo, hi = df["rate_req_s"].min(), max(df["rate_req_s"].max(), capacities["rate_req_s"].max())
-    x = alt.X("rate_req_s:Q", title="offered load (req/s)",
-              scale=alt.Scale(type="log", nice=False, domain=[0.8 * lo, 1.3 * hi]))
-    y_title = LATENCY_HEADERS.get(metric, f"{viz.title(metric)} (s)")
-    enc = dict(x=x, y=alt.Y("latency_s:Q", title=y_title, scale=alt.Scale(type="log")),
-               color=_policy_color(df["policy"]))
-    tips = ["policy:N", alt.Tooltip("rate_req_s:Q", format=".3~g"), alt.Tooltip("latency_s:Q", format=".3~g")]
-    lines = alt.layer(alt.Chart(df).mark_line().encode(**enc),
-                      alt.Chart(df).mark_point(size=45).encode(shape=_policy_shape(df["policy"]), tooltip=tips, **enc))
-    rules = alt.Chart(capacities).mark_rule(color="#888888", strokeDash=[2, 2]).encode(x="rate_req_s:Q")
-    text = alt.Chart(capacities).mark_text(align="right", angle=270, baseline="bottom", dx=-4, color="#555555",
-                                           y=0).encode(x="rate_req_s:Q", text="label:N")
-    return alt.layer(lines, rules, text).properties(width=460, height=280)
+def _load_end_labels(long: pd.DataFrame, on_metric: str, x, y):
+    """Direct labels of the load panel: at the highest load, one per group of policies that end together
+    ("static ≈ dynamic"), and static's own at the lowest load, where it is alone at the top."""
+    last = long[long["load_index"] == long["load_index"].max()]
+    last = last[(last["policy"] != "dynamic") | np.isclose(last["max_queue_delay_ms"], TIMER_MS)]
+    rows = []
+    for metric, g in last.groupby("metric"):
+        ends = g.set_index("policy")["latency_s"].to_dict()
+        rows += [{"metric": metric, "text": t, "latency_s": v * LABEL_LIFT, "policy": t.split(" ≈ ")[0],
+                  "rate_req_s": float(g["rate_req_s"].iloc[0]), "align": "right"}
+                 for t, v in _coincide(ends, lambda a, b: abs(np.log10(a / b)) < 0.25)]
+    first = long[(long["load_index"] == 0) & (long["policy"] == "static")]
+    rows += [{"metric": r.metric, "text": "static", "latency_s": r.latency_s * LABEL_LIFT, "policy": "static",
+              "rate_req_s": r.rate_req_s, "align": "left"} for r in first.itertuples()]
+    labels = alt.Chart(pd.DataFrame(rows)).transform_filter(on_metric)
+    color = _policy_scales(POLICY_COLORS)["color"]
+    return alt.layer(*[labels.transform_filter(f"datum.align == '{a}'").mark_text(align=a, baseline="middle")
+                       .encode(x=x, y=y, text="text:N", color=color) for a in ("left", "right")])
 
 
-# -- facts other pages glue (batchlab.chapters.facts) ----------------------------------------------------------
-LOCKSTEP_BATCH = 32  # rows of the static and dynamic batches the book compares
+def _delay_panel(long: pd.DataFrame, on_metric: str, at_load: str, at_delay: str, scales: dict, tips: list):
+    """Latency against the max queue delay at the selected load, on a linear axis from zero."""
+    marks = delay_panel_marks(long)
+    x = alt.X("max_queue_delay_ms:Q", title="max queue delay (ms)", axis=alt.Axis(format=",.0f", tickCount=5),
+              scale=alt.Scale(domain=[0, float(long["max_queue_delay_ms"].max())]))
+    y = alt.Y("latency_s:Q", title="latency (s)", scale=alt.Scale(zero=True), axis=alt.Axis(format=",~f"))
+    dyn = alt.Chart(long).transform_filter(f"{on_metric} && {at_load} && datum.policy == 'dynamic'")
+    dyn = dyn.transform_calculate(latency_text=viz.duration_text("latency_s", "s"))
+    here = alt.Chart(marks).transform_filter(f"{on_metric} && {at_load}")
+    color = scales["color"]
+    return alt.layer(
+        here.transform_filter("datum.kind == 'rule'").mark_rule(strokeWidth=1.8).encode(
+            y=y, color=color, strokeDash=scales["strokeDash"],
+            tooltip=[viz.tip("policy", "policy", kind="N"), viz.tip("latency_s", "latency (s)", ",.3~f")]),
+        dyn.mark_line(strokeWidth=1.8).encode(x=x, y=y, color=color),
+        dyn.mark_point(size=40, filled=True).encode(x=x, y=y, color=color, shape=scales["shape"],
+                                                   tooltip=tips),
+        dyn.transform_filter(at_delay).mark_point(size=190, filled=False, color="black").encode(x=x, y=y),
+        here.transform_filter("datum.kind == 'label'").mark_text(align="right", baseline="bottom", dy=-3).encode(
+            x=x, y=y, text="text:N", color=color),
+        here.transform_filter("datum.kind == 'above'").mark_text(align="left", baseline="top", dx=4).encode(
+            x=alt.value(0), y=y, text="text:N", color=color),
+    ).properties(width=230, height=260)
+
+
+# -- the chapter's grid and the facts other pages glue (batchlab.chapters.facts) ------------------------------
 
 
 @facts.memo
@@ -310,22 +412,145 @@ def _saturation(cost, workload: str, n_requests: int, batch_size: int, seed) -> 
     return policy_grid(cost, workload, n_requests, [np.inf], batch_size=batch_size, seed=seed)
 
 
-def conv_saturation() -> pd.Series:
-    """Each policy's requests per second on the conv scene with every request queued at time 0 (cached)."""
+@facts.memo
+def _grid(cost, workload: str, n_requests: int, rates: tuple, delays_s: tuple, batch_size: int, seed) -> pd.DataFrame:
+    return policy_grid(cost, workload, n_requests, dict(rates), batch_size=batch_size, delays_s=list(delays_s),
+                       seed=seed)
+
+
+def conv_saturation() -> pd.DataFrame:
+    """:func:`policy_grid` on the conv scene with every request queued at time 0 (cached): each policy's
+    saturation throughput. Used in chapters 02 and 12."""
     s = scenes.scene("conv")
-    return _saturation(s.cost(), s.workload, s.n_requests, LOCKSTEP_BATCH, s.seed).set_index("policy")[
-        "request_throughput"]
+    return _saturation(s.cost(), s.workload, s.n_requests, LOCKSTEP_BATCH, s.seed)
+
+
+def load_delay_grid(cost, workload: str, n_requests: int, capacity_req_s: float, loads=LOADS, delays_ms=DELAYS_MS,
+                    *, batch_size: int = LOCKSTEP_BATCH, seed=0) -> pd.DataFrame:
+    """:func:`policy_grid` at each load, a share of ``capacity_req_s``, with dynamic batching at each delay (cached
+    on disk, :func:`batchlab.chapters.facts.memo`: one run per build for the page and its facts).
+
+    Used in chapters 02 and 12.
+
+    Parameters
+    ----------
+    cost : CostModel
+    workload : str
+        A :func:`batchlab.preset` name.
+    n_requests : int
+    capacity_req_s : float
+        The yardstick of the loads (req/s): the scene's capacity.
+    loads : sequence of float
+        Offered loads, shares of ``capacity_req_s`` (> 0).
+    delays_ms : sequence of float
+        Dynamic batching's ``max_queue_delay_s``, in milliseconds.
+    batch_size : int
+        Rows per lockstep batch.
+    seed : int
+
+    Returns
+    -------
+    DataFrame
+        :func:`policy_grid`'s rows, ``load`` holding the share.
+    """
+    if capacity_req_s <= 0 or min(loads) <= 0:
+        raise ValueError(f"capacity_req_s ({capacity_req_s}) and every load ({min(loads)}) must be > 0")
+    rates = tuple((float(x), float(x) * float(capacity_req_s)) for x in loads)
+    return _grid(cost, workload, int(n_requests), rates, tuple(float(d) / 1e3 for d in delays_ms), int(batch_size),
+                 seed)
+
+
+def conv_grid() -> pd.DataFrame:
+    """:func:`load_delay_grid` of the page: the conv scene at every load of :data:`LOADS` (shares of the fact
+    ``capacity_req_s``), dynamic batching at every delay of :data:`DELAYS_MS`. Used in chapters 02 and 12."""
+    s = scenes.scene("conv")
+    return load_delay_grid(s.cost(), s.workload, s.n_requests, facts.value("capacity_req_s"), seed=s.seed)
+
+
+def saturation_rules() -> pd.DataFrame:
+    """The load panel's vertical rules (:func:`delay_load_chart`): lockstep batching's saturation throughput and
+    the conv scene's capacity (req/s, the facts ``lockstep_capacity_req_s`` and ``capacity_req_s``).
+
+    Used in chapter 02.
+    """
+    return pd.DataFrame({"rate_req_s": [facts.value("lockstep_capacity_req_s"), facts.value("capacity_req_s")],
+                         "label": ["lockstep saturation", "capacity"]})
+
+
+def pick(runs: pd.DataFrame, load: float, policy: str, column: str = "mean_e2el_ms", delay_ms: float | None = None):
+    """One value of a :func:`policy_grid` frame with a ``load`` column: ``column`` of ``policy`` at ``load`` (and,
+    for dynamic batching, at ``delay_ms``, default :data:`TIMER_MS`). ValueError if no run matches.
+
+    Used in chapter 02.
+    """
+    rows = runs[np.isclose(runs["load"].astype(float), load) & (runs["policy"] == policy)]
+    if policy == "dynamic":
+        delay_ms = TIMER_MS if delay_ms is None else delay_ms
+        rows = rows[np.isclose(rows["max_queue_delay_s"] * 1e3, delay_ms)]
+    if len(rows) != 1:
+        raise ValueError(f"load={load}, policy={policy!r}, delay_ms={delay_ms}: {len(rows)} runs match, not one")
+    return float(rows[column].iloc[0])
+
+
+_CONV = "on the conversation scene"
 
 
 @facts.fact("lockstep_capacity_req_s", scene="conv", unit="req/s", fmt=".2f", chapter="dynamic_batching",
-            text=f"requests per second static batching of {LOCKSTEP_BATCH} rows completes on the conversation scene "
-                 "with every request queued (its saturation throughput)")
+            text=f"the saturation throughput of static batching in batches of {LOCKSTEP_BATCH} rows {_CONV}: "
+                 "requests per second it completes with every request queued at once (dynamic batching's too)")
 def _lockstep():
-    return float(conv_saturation()["static"])
+    return float(conv_saturation().set_index("policy").loc["static", "request_throughput"])
 
 
 @facts.fact("orca_capacity_req_s", scene="conv", unit="req/s", fmt=".1f", chapter="dynamic_batching",
             text="the same for iteration-level batching with whole prompts (Orca's continuous batching, vLLM's "
-                 "default max_num_seqs)")
+                 "default max_num_seqs and the scene's KV pool)")
 def _orca():
-    return float(conv_saturation()["continuous"])
+    return float(conv_saturation().set_index("policy").loc["continuous", "request_throughput"])
+
+
+@facts.fact("orca_over_lockstep", scene="conv", fmt=".1f", chapter="dynamic_batching",
+            text="how many times lockstep batching's saturation throughput iteration-level batching with whole "
+                 f"prompts (Orca's) completes {_CONV}")
+def _orca_over_lockstep():
+    return facts.value("orca_capacity_req_s") / facts.value("lockstep_capacity_req_s")
+
+
+@facts.fact("lockstep_share_of_capacity", scene="conv", fmt=".0%", chapter="dynamic_batching",
+            text=f"lockstep batching's saturation throughput as a share of the scene's capacity {_CONV}")
+def _lockstep_share():
+    return facts.value("lockstep_capacity_req_s") / facts.value("capacity_req_s")
+
+
+@facts.fact("dynamic_timer_ms", scene="conv", unit="ms", fmt=".0f", chapter="dynamic_batching",
+            text="the max queue delay of the dynamic batching the book quotes")
+def _timer():
+    return float(TIMER_MS)
+
+
+@facts.fact("low_load_req_s", scene="conv", unit="req/s", fmt=".2f", chapter="dynamic_batching",
+            text=f"the low load at which the book compares the four policies {_CONV}: {LOW_LOAD:.0%} of its capacity")
+def _low_rate():
+    return LOW_LOAD * facts.value("capacity_req_s")
+
+
+def _low(policy: str) -> float:
+    return pick(conv_grid(), LOW_LOAD, policy) / 1e3
+
+
+@facts.fact("low_e2el_static_s", scene="conv", unit="s", fmt=".0f", chapter="dynamic_batching",
+            text=f"mean end-to-end latency of static batching ({LOCKSTEP_BATCH} rows) at the low load")
+def _low_static():
+    return _low("static")
+
+
+@facts.fact("low_e2el_dynamic_s", scene="conv", unit="s", fmt=".2f", chapter="dynamic_batching",
+            text=f"the same for dynamic batching with a {TIMER_MS} ms max queue delay")
+def _low_dynamic():
+    return _low("dynamic")
+
+
+@facts.fact("low_e2el_orca_s", scene="conv", unit="s", fmt=".2f", chapter="dynamic_batching",
+            text="the same for iteration-level batching with whole prompts (Orca's)")
+def _low_orca():
+    return _low("continuous")

@@ -241,8 +241,8 @@ def check_pages(glued: dict[str, dict[str, str]], markdown: dict[str, str], fact
     facts : dict
         Fact name -> value (:func:`value` of every fact of :func:`registry`).
     renderings : dict, optional
-        Fact name -> how pages print it (:func:`rendered` without the unit); these strings typed in a page's
-        prose are a fact restated by hand. Only facts whose number carries a decimal point are searched.
+        Fact name -> how pages print it (:func:`rendered`: number and unit); these strings typed in a page's prose
+        are a fact restated by hand. Only renderings whose number carries a decimal point are searched.
 
     The rules: (1) a page gluing a fact's name glues the fact's value; (2) a name glued on several pages that is
     not a fact is page-local, except that no page-local name may carry a fact's value (a non-integer number or

@@ -4,6 +4,9 @@ The experiment runs one stream per output-length coefficient of variation under 
 measures the share of computed token slots that were padding and the share of batch time spent half
 empty (:func:`batchlab.metrics.half_empty_fraction`); the chart draws both against the CV with a slider that
 also redraws the first batch, generated tokens beside the padded tail.
+
+The chapter's setting (:data:`PADDING_STREAM`, :data:`CV_GRID`) is also where its facts come from
+(:func:`chapter_sweep`, ``pad_cv1`` and ``half_empty_cv1``), so the page and every page that quotes them agree.
 """
 from __future__ import annotations
 
@@ -15,6 +18,15 @@ from .. import viz
 from ..metrics import half_empty_fraction
 from ..sim import simulate
 from ..workload import synthetic
+from . import facts, scenes
+
+# The chapter's stream (keyword arguments of static_padding_sweep): every request present at time 0, equal
+# prompts, lognormal outputs of one mean whose spread the chapter varies; lockstep batches of 32 rows.
+PADDING_STREAM = {"n_requests": 512, "batch_size": 32, "prompt_tokens": 512, "output_mean": 256.0, "seed": 0}
+CV_GRID = tuple(np.round(np.arange(0.0, 2.0 + 1e-9, 0.05), 2).tolist())  # output-length CVs: a slider step of 0.05
+CV_SHOWN = 1.0  # the CV the page reads, and where its slider starts
+MEASURES = {"padding_fraction": "padded token slots", "half_empty_fraction": "batch time half empty"}
+MEASURE_COLORS = {"padded token slots": "#666666", "batch time half empty": "#D55E00"}
 
 
 def first_batch_table(requests: pd.DataFrame, batch_size: int, n: int = 8):
@@ -116,7 +128,8 @@ def static_padding_sweep(cost, output_cvs, *, n_requests: int = 512, batch_size:
     return pd.DataFrame(rows), pd.concat(batches, ignore_index=True)
 
 
-def padding_chart(summary: pd.DataFrame, batches: pd.DataFrame | None = None, cv: str = "output_cv"):
+def padding_chart(summary: pd.DataFrame, batches: pd.DataFrame | None = None, cv: str = "output_cv",
+                  value: float = CV_SHOWN):
     """Padding tax and tail waste of static batching against output-length CV, with a CV slider.
 
     Used in chapter 01.
@@ -125,40 +138,92 @@ def padding_chart(summary: pd.DataFrame, batches: pd.DataFrame | None = None, cv
     ----------
     summary : DataFrame
         One row per CV: ``cv`` column, ``padding_fraction`` and ``half_empty_fraction`` (shares in [0, 1]),
-        as :func:`static_padding_sweep` returns.
+        ``max_output_tokens`` and ``output_throughput`` (tok/s), as :func:`static_padding_sweep` returns.
     batches : DataFrame, optional
         Rows of one batch per CV (``row``, ``kind``, ``tokens`` and the ``cv`` column); if given, a second
         panel draws the batch at the selected CV, generated tokens beside the padded tail, on one token
         scale for every CV so the batch visibly stretches as the slider moves.
     cv : str
         Name of the CV column.
+    value : float
+        The CV the slider starts at (the grid value nearest it).
 
     Returns
     -------
-    altair chart; the slider ``cv`` moves a marker along both curves and redraws the batch panel.
+    altair chart; the slider ``cv`` moves a marker along both curves, rewrites the readout above them (both
+    shares at the selected CV) and redraws the batch panel. Every point and bar has a tooltip.
     """
-    param, at_cv = viz.grid_param("cv", summary[cv], "output-length CV", field=cv)
-    long = summary.melt(id_vars=[cv], value_vars=["padding_fraction", "half_empty_fraction"], var_name="measure",
-                        value_name="share")
-    long["measure"] = long["measure"].map({"padding_fraction": "padded token slots",
-                                           "half_empty_fraction": "batch time half empty"})
-    lo, hi = min(0.0, float(summary[cv].min())), float(summary[cv].max())
-    room = [lo, hi + 0.15 * ((hi - lo) or 1.0)]  # value labels stay inside the plot: the layout never shifts
+    labels = [f"{v:.2f}" for v in np.unique(summary[cv].to_numpy(dtype=float))]
+    param, at_cv = viz.grid_param("cv", summary[cv], "output-length CV", field=cv, value=value, labels=labels)
+    long = summary.melt(id_vars=[c for c in (cv, "max_output_tokens", "output_throughput") if c in summary],
+                        value_vars=list(MEASURES), var_name="measure", value_name="share")
+    long["measure"] = long["measure"].map(MEASURES)
+    hi = float(summary[cv].max())
+    color = alt.Color("measure:N", title=None, legend=alt.Legend(orient="top", labelLimit=300),
+                      scale=alt.Scale(domain=list(MEASURE_COLORS), range=list(MEASURE_COLORS.values())))
     base = alt.Chart(long).encode(
-        x=alt.X(f"{cv}:Q", title=viz.title(cv), axis=alt.Axis(tickCount=5), scale=alt.Scale(domain=room, nice=False)),
+        x=alt.X(f"{cv}:Q", title=viz.title(cv), axis=alt.Axis(tickCount=5), scale=alt.Scale(domain=[0, hi],
+                                                                                          nice=False)),
         y=alt.Y("share:Q", title="share wasted (%)", axis=alt.Axis(format="%"), scale=alt.Scale(domain=[0, 1])),
-        color=alt.Color("measure:N", title=None, legend=alt.Legend(orient="top")))
-    marker = base.mark_point(size=110).transform_filter(at_cv)
-    label = base.mark_text(align="left", dx=8, dy=-8).encode(
-        text=alt.Text("share:Q", format=".0%")).transform_filter(at_cv)
-    curves = alt.layer(base.mark_line(), marker, label).properties(width=270, height=240)
+        color=color)
+    tips = [viz.tip(cv, "output-length CV", ".2f"), viz.tip("measure", "measure", kind="N"),
+            viz.tip("share", "share (%)", ".1%")]
+    tips += [viz.tip(c, fmt=",.0f") for c in ("max_output_tokens", "output_throughput") if c in long]
+    points = base.mark_point(size=22, filled=True, opacity=0.8).encode(tooltip=tips)
+    marker = base.mark_point(size=150, strokeWidth=2).encode(tooltip=tips).transform_filter(at_cv)
+    # The readout sits in the empty top-left corner, one line per measure: labels beside the markers would
+    # collide where the two curves run close (small CVs).
+    readout = []
+    for i, m in enumerate(MEASURES.values()):
+        line = alt.Chart(long).transform_filter(at_cv).transform_filter(f"datum.measure == '{m}'")
+        readout.append(line.transform_calculate(readout="datum.measure + ': ' + format(datum.share, '.0%')")
+                       .mark_text(align="left", baseline="top", fontWeight="bold")
+                       .encode(x=alt.value(6), y=alt.value(4 + 16 * i), text="readout:N", color=color))
+    curves = alt.layer(base.mark_line(), points, marker, *readout).properties(width=270, height=240)
     if batches is None:
         return curves.add_params(param)
     longest = float(batches.groupby([cv, "row"])["tokens"].sum().max())  # one x scale for every CV
-    kinds = alt.Scale(domain=["generated", "padding"], range=[viz.PALETTE[0], "#d9d9d9"])
+    kinds = alt.Scale(domain=["generated", "padding"], range=[viz.PALETTE[0], "#c8c8c8"])
     rows = alt.Chart(batches).mark_bar().encode(
-        x=alt.X("tokens:Q", title="decode tokens per row", stack="zero", scale=alt.Scale(domain=[0, longest])),
+        x=alt.X("tokens:Q", title="decode tokens per row", stack="zero", scale=alt.Scale(domain=[0, longest]),
+                axis=alt.Axis(format=",.0f", tickCount=4)),
         y=alt.Y("row:O", title="rows of the first batch", axis=alt.Axis(labels=False, ticks=False)),
         color=alt.Color("kind:N", title=None, scale=kinds, legend=alt.Legend(orient="top")),
+        tooltip=[viz.tip("row", "row (1 = shortest output)", kind="O"), viz.tip("kind", "tokens", kind="N"),
+                 viz.tip("tokens", "decode steps (tokens)", ",.0f"), viz.tip(cv, "output-length CV", ".2f")],
     ).transform_filter(at_cv).properties(width=190, height=240)
     return alt.hconcat(curves, rows).resolve_scale(color="independent").add_params(param)
+
+
+# -- facts other pages glue (batchlab.chapters.facts) ----------------------------------------------------------
+@facts.memo
+def _sweep(cost, output_cvs: tuple, stream: tuple):
+    return static_padding_sweep(cost, list(output_cvs), **dict(stream))
+
+
+def chapter_sweep():
+    """:func:`static_padding_sweep` of the page: :data:`PADDING_STREAM` over :data:`CV_GRID`, Llama-3-8B BF16 on
+    one H100 SXM (scene ``llama8``), cached. Returns ``(summary, batches)``. Used in chapters 01 and 12."""
+    return _sweep(scenes.scene("llama8").cost(), CV_GRID, tuple(sorted(PADDING_STREAM.items())))
+
+
+def _at(measure: str, output_cv: float = CV_SHOWN) -> float:
+    summary = chapter_sweep()[0].set_index("output_cv")
+    return float(summary.loc[output_cv, measure])
+
+
+_STREAM_TEXT = ("{n_requests} requests queued at once, equal {prompt_tokens}-token prompts, lognormal outputs of "
+                "mean {output_mean:.0f} tokens at CV 1, lockstep batches of {batch_size} rows").format(**PADDING_STREAM)
+
+
+@facts.fact("pad_cv1", scene="llama8", fmt=".0%", chapter="static_batching",
+            text=f"share of the token slots static batching computes that are padding ({_STREAM_TEXT})")
+def _pad_cv1():
+    return _at("padding_fraction")
+
+
+@facts.fact("half_empty_cv1", scene="llama8", fmt=".0%", chapter="static_batching",
+            text=f"share of the batches' time static batching spends with at least half its rows finished "
+                 f"({_STREAM_TEXT})")
+def _half_empty_cv1():
+    return _at("half_empty_fraction")

@@ -97,11 +97,16 @@ def test_gantt_chart_with_highlight_and_last_end(gantt):
     assert spec["facet"]["row"]["sort"] == ["static", "dynamic", "continuous"]  # the order the runs came in
     (param,) = spec["params"]
     assert param["name"] == "request" and param["value"] == -1
-    bind = param["bind"]
-    assert bind["input"] == "select" and bind["name"] == "highlight" and bind["options"][0] == -1.0
-    assert bind["labels"][:2] == ["no request", "request 0"] and len(bind["labels"]) == len(bind["options"]) == 13
+    bind = param["bind"]  # a slider over the request ids, -1 for none, labelled in words beside it
+    assert bind == {"input": "range", "min": -1.0, "max": 11.0, "step": 1.0, "name": "highlight"}
+    labels = viz._slider_labels(spec)["request"]["labels"]
+    assert labels[:2] == ["no request", "request 0"] and len(labels) == 13
     bars, rule, text = spec["spec"]["layer"]
     assert bars["mark"]["type"] == "bar" and bars["encoding"]["x2"]["field"] == "end_s"
+    tips = {t["field"]: t["title"] for t in bars["encoding"]["tooltip"]}
+    assert tips == {"request": "request", "phase": "phase", "start_s": "from (s)", "end_s": "to (s)",
+                    "lasts": "lasts (ms or s)"}
+    assert any("lasts" in str(t.get("as")) for t in bars["transform"])
     assert bars["encoding"]["color"]["scale"]["domain"] == list(viz.PHASES)
     assert "datum.request == request" in bars["encoding"]["opacity"]["condition"][0]["test"]
     assert rule["mark"]["type"] == "rule" and rule["encoding"]["x"]["field"] == "last_s"
@@ -142,11 +147,20 @@ def test_occupancy_panels_chart(runs):
     df = pd.concat([chapter.occupancy_frame(r) for r in runs.values()], ignore_index=True)
     spec = chapter.occupancy_panels_chart(df).to_dict()
     assert spec["facet"]["row"]["field"] == "policy" and "title" not in spec
-    area, line = spec["spec"]["layer"]
-    assert area["mark"]["type"] == "area" and line["mark"]["type"] == "line"
-    assert area["mark"]["interpolate"] == line["mark"]["interpolate"] == "step-after"
-    assert area["encoding"]["y"]["title"] == "sequences" and area["encoding"]["x"]["title"] == "time (s)"
-    assert area["encoding"]["color"]["scale"]["domain"] == ["slots held", "rows generating"]
+    generating, held, hover = spec["spec"]["layer"]
+    assert generating["mark"]["type"] == "rect" and generating["encoding"]["x2"]["field"] == "end_s"
+    assert held["mark"]["type"] == "line" and held["mark"]["interpolate"] == "step-after"
+    assert generating["encoding"]["y"]["title"] == "sequences" and generating["encoding"]["x"]["title"] == "time (s)"
+    assert generating["encoding"]["color"]["scale"]["domain"] == ["slots held", "rows generating"]
+    # An invisible rect per interval answers a hover anywhere in the panel, its fields titled in words.
+    assert hover["mark"] == {"type": "rect", "opacity": 0}
+    assert [t["title"] for t in hover["encoding"]["tooltip"]] == ["policy", "from (s)", "to (s)", "slots held",
+                                                                   "rows generating"]
+    # The intervals tile each run: every one ends where the next starts, and the run's last has no length.
+    data = pd.DataFrame(next(iter(spec["datasets"].values())))
+    for _, run in data.groupby("policy"):
+        assert np.array_equal(run["end_s"].to_numpy()[:-1], run["time_s"].to_numpy()[1:])
+        assert run["end_s"].iloc[-1] == run["time_s"].iloc[-1]
 
 
 def test_page_tables(cost8b):

@@ -1,5 +1,6 @@
-"""Chapter 02 (dynamic batching): the policy grid's shape and reference cases, the timer's closed form, and
-the charts' specs (the queue-delay chart with its slider and metric menu, the load sweep)."""
+"""Chapter 02 (dynamic batching): the policy grid's shape and reference cases, the timer's closed form, the
+load x delay grid, the chart's spec (load and delay sliders, metric menu, the delay panel's reference lines and
+labels), the page's tables, and the facts (one capacity, its ratios)."""
 from __future__ import annotations
 
 import numpy as np
@@ -10,12 +11,7 @@ from spec_helpers import marks, titles, walk
 import batchlab as bl
 from batchlab.cost import SERVING_FIELDS
 from batchlab.chapters import dynamic_batching as chapter
-
-
-@pytest.fixture(scope="module")
-def runs(cost8b):
-    return chapter.policy_grid(cost8b, "azure-conv-2023", 48, {"high": 6.0, "low": 0.3}, batch_size=8,
-                               delays_s=[0.0, 0.01, 0.02], seed=0)
+from batchlab.chapters import facts
 
 
 def test_ttft_grows_by_exactly_the_delay_when_every_request_is_alone(cost8b):
@@ -109,75 +105,132 @@ def test_idle_while_queued_leaves_out_the_way_to_the_engine(cost8b):
     assert chapter.idle_while_queued_fraction(bare) == bl.metrics.idle_while_waiting_fraction(bare)
 
 
-def test_latency_frame_is_one_row_per_run_and_metric(runs):
-    long = chapter.latency_frame(runs)
-    assert len(long) == 4 * len(runs)
+@pytest.fixture(scope="module")
+def loads(cost8b):
+    """A small load x delay grid: 48 requests at three loads of a 6 req/s capacity, three delays."""
+    return chapter.load_delay_grid(cost8b, "azure-conv-2023", 48, 6.0, (0.05, 0.5, 1.0), (0, 10, 20), batch_size=8)
+
+
+def test_load_delay_grid_rates_are_shares_of_capacity(loads, cost8b):
+    assert sorted(loads["load"].unique()) == [0.05, 0.5, 1.0]
+    assert np.allclose(loads["rate_req_s"], loads["load"] * 6.0)
+    assert len(loads) == 3 * (1 + 3 + 2)
+    one = chapter.policy_grid(cost8b, "azure-conv-2023", 48, [3.0], batch_size=8, delays_s=[0.01])
+    mine = loads[np.isclose(loads["load"], 0.5)]
+    assert chapter.pick(mine, 0.5, "dynamic", delay_ms=10) == one.loc[1, "mean_e2el_ms"]
+    assert chapter.pick(mine, 0.5, "static", "p99_ttft_ms") == one.loc[0, "p99_ttft_ms"]
+    with pytest.raises(ValueError, match="capacity_req_s"):
+        chapter.load_delay_grid(cost8b, "azure-conv-2023", 48, 0.0)
+    with pytest.raises(ValueError, match="runs match"):
+        chapter.pick(mine, 0.5, "dynamic", delay_ms=15)
+
+
+def test_latency_frame_is_one_row_per_run_and_metric(loads):
+    long = chapter.latency_frame(loads)
+    assert len(long) == 4 * len(loads)
     assert set(long["metric"]) == set(chapter.LATENCY_LABELS.values())
-    p99 = long[(long["metric"] == "p99 e2el")]["latency_s"].to_numpy()
-    assert np.allclose(p99, runs["p99_e2el_ms"].to_numpy() / 1e3)
+    p99 = long[(long["metric"] == "p99 end-to-end latency")]["latency_s"].to_numpy()
+    assert np.allclose(p99, loads["p99_e2el_ms"].to_numpy() / 1e3)
     assert sorted(long["max_queue_delay_ms"].dropna().unique()) == pytest.approx([0.0, 10.0, 20.0])
+    assert (long.groupby("load")["load_index"].first().to_numpy() == [0, 1, 2]).all()
+    assert chapter.load_labels(long) == ["0.30 req/s, 5 % of capacity", "3.0 req/s, 50 % of capacity",
+                                         "6.0 req/s, 100 % of capacity"]
 
 
-def layer_filters(layer):
-    return [t["filter"] for t in layer.get("transform", []) if isinstance(t.get("filter"), str)]
+def test_coincide_names_the_lines_that_end_together():
+    close = lambda a, b: abs(a - b) < 1  # noqa: E731
+    assert chapter._coincide({"static": 10, "dynamic": 10.5, "continuous": 2, "chunked": 2.2}, close) == [
+        ("continuous ≈ chunked", 2.2), ("static ≈ dynamic", 10.5)]
+    assert chapter._coincide({"static": 9, "dynamic": 5}, close) == [("dynamic", 5), ("static", 9)]
 
 
-def test_queue_delay_chart(runs):
-    spec = chapter.queue_delay_chart(runs).to_dict()
+def _long(static: float, continuous: float, chunked: float, dynamic=(1.0, 2.0)) -> pd.DataFrame:
+    rows = [{"load_index": 0, "metric": "m", "policy": "dynamic", "max_queue_delay_ms": 100.0 * i, "latency_s": v}
+            for i, v in enumerate(dynamic)]
+    rows += [{"load_index": 0, "metric": "m", "policy": p, "max_queue_delay_ms": np.nan, "latency_s": v}
+             for p, v in (("static", static), ("continuous", continuous), ("chunked", chunked))]
+    return pd.DataFrame(rows)
+
+
+def test_delay_panel_marks_keep_static_off_a_scale_it_would_flatten():
+    # top = 1.12 x 2 s: static at 100 s is above the axis, named by a note; the iteration-level pair coincides.
+    marks_ = chapter.delay_panel_marks(_long(100.0, 0.50, 0.52)).set_index("kind")
+    assert set(marks_.loc["rule", "policy"]) == {"continuous", "chunked"}
+    assert marks_.loc["above", "text"] == "static: above the axis ↑"
+    assert marks_.loc["above", "latency_s"] == pytest.approx(1.12 * 2.0)
+    assert marks_.loc["label", "text"] == "continuous ≈ chunked" and marks_.loc["label", "latency_s"] == 0.52
+    # Static within 1.5 times the rest is drawn, and where it ends with dynamic one label names both.
+    near = chapter.delay_panel_marks(_long(2.05, 0.5, 1.5))
+    assert set(near.loc[near["kind"] == "rule", "policy"]) == {"static", "continuous", "chunked"}
+    assert "above" not in set(near["kind"])
+    assert sorted(near.loc[near["kind"] == "label", "text"]) == ["chunked", "continuous", "static ≈ dynamic"]
+
+
+def test_delay_load_chart(loads):
+    rules = pd.DataFrame({"rate_req_s": [1.5, 6.0], "label": ["lockstep saturation", "capacity"]})
+    spec = chapter.delay_load_chart(loads, rules, delay_ms=10, load=0.5).to_dict()
     assert "title" not in spec
-    facet = spec["facet"]["column"]
-    assert facet["field"] == "load" and facet["sort"] == ["low", "high"]  # panels ordered by rate
-    assert spec["resolve"]["scale"]["y"] == "independent"
     params = {p["name"]: p for p in spec["params"]}
-    assert params["delay"]["bind"] == {"input": "range", "min": 0.0, "max": 20.0, "step": 10.0,
-                                       "name": "max queue delay (ms)"}
-    assert params["metric"]["bind"]["input"] == "select"
+    assert params["load_index"]["bind"] == {"input": "range", "min": 0.0, "max": 2.0, "step": 1.0,
+                                            "name": "offered load"}
+    assert params["load_index"]["value"] == 1.0 and params["delay"]["value"] == 10.0  # where the text reads
+    assert params["delay"]["bind"]["input"] == "range" and params["delay"]["bind"]["step"] == 10.0
     assert params["metric"]["bind"]["options"] == list(chapter.LATENCY_LABELS.values())
-    assert marks(spec) == {"line", "rule", "text", "point"}
+    readout, panels = spec["vconcat"]
+    load_panel, delay_panel = panels["hconcat"]
+    assert len(readout["layer"]) == 4  # the metric, the load, the delay, then one line per policy
+    y_load = load_panel["layer"][0]["encoding"]["y"]
+    assert y_load["scale"]["type"] == "log" and load_panel["layer"][0]["encoding"]["x"]["scale"]["type"] == "log"
+    y_delay = delay_panel["layer"][1]["encoding"]["y"]
+    assert y_delay["scale"] == {"zero": True} and delay_panel["layer"][1]["encoding"]["x"]["title"] == \
+        "max queue delay (ms)"
+    # every policy has its colour, marker and dash; dynamic alone follows the delay, every layer the metric
+    scales = load_panel["layer"][0]["encoding"]
+    assert scales["color"]["scale"]["domain"] == ["static", "dynamic", "continuous", "chunked"]
+    assert len({str(d) for d in scales["strokeDash"]["scale"]["range"]}) == 3
+    assert len(set(load_panel["layer"][1]["encoding"]["shape"]["scale"]["range"])) == 4
     filters = [f for f in walk(spec, "filter") if isinstance(f, str)]
-    assert all(any("metric" in f for f in layer_filters(layer)) for layer in spec["spec"]["layer"])
-    assert sum("delay)" in f for f in filters) == 3  # the ring and its label (two alignments) follow the slider
-    y = spec["spec"]["layer"][0]["encoding"]["y"]
-    assert y["scale"]["type"] == "log" and y["title"] == "latency (s)"
-    assert all(t == t.lower() for t in titles(spec)) and "max queue delay (ms)" in titles(spec)
-    colors = spec["spec"]["layer"][0]["encoding"]["color"]["scale"]
-    assert colors["domain"] == ["static", "dynamic", "continuous", "chunked"]
+    assert sum("delay)" in f for f in filters) >= 3 and sum("load_index)" in f for f in filters) >= 4
+    tips = [t for layer in (*load_panel["layer"], *delay_panel["layer"]) for t in
+            layer.get("encoding", {}).get("tooltip", [])]
+    assert tips and all(t.get("title") and "_" not in t["title"] for t in tips)
+    assert marks(spec) >= {"line", "point", "rule", "text"}
+    assert all(t == t.lower() for t in titles(spec))
 
 
-def test_load_sweep_chart(cost8b):
-    sweep = chapter.policy_grid(cost8b, "azure-conv-2023", 48, [0.3, 1.0, 3.0], batch_size=8, delays_s=[0.05],
-                                iteration=("continuous",))
-    caps = pd.DataFrame({"rate_req_s": [2.0, 20.0], "label": ["lockstep saturation", "iteration-level saturation"]})
-    spec = chapter.load_sweep_chart(sweep, caps).to_dict()
-    assert marks(spec) == {"line", "point", "rule", "text"} and "title" not in spec
-    line = spec["layer"][0]["layer"][0]["encoding"]
-    assert line["x"]["scale"]["type"] == "log" and line["y"]["scale"]["type"] == "log"
-    assert line["y"]["title"] == "mean end-to-end latency (s)" and line["x"]["title"] == "offered load (req/s)"
-    # a marker per policy: static's line may hide under dynamic's
-    shapes = spec["layer"][0]["layer"][1]["encoding"]["shape"]["scale"]
-    assert shapes["domain"] == ["static", "dynamic", "continuous"] and len(set(shapes["range"])) == 3
-    assert spec["layer"][1]["encoding"]["x"]["field"] == "rate_req_s"
-    p99 = chapter.load_sweep_chart(sweep, caps, metric="p99_ttft_ms").to_dict()
-    assert p99["layer"][0]["layer"][0]["encoding"]["y"]["title"] == "p99 time to first token (s)"
-
-
-def test_page_tables_say_what_each_number_is(runs):
-    shown = runs[runs["max_queue_delay_s"].isna() | np.isclose(runs["max_queue_delay_s"], 0.02)]
+def test_page_tables_say_what_each_number_is(loads, cost8b):
+    shown = loads[(loads["policy"] != "dynamic") | np.isclose(loads["max_queue_delay_s"], 0.02)]
     latency = chapter.latency_table(shown)
-    assert list(latency.data.columns) == ["offered load", "policy", "mean end-to-end latency (s)",
-                                          "p99 end-to-end latency (s)", "mean time to first token (s)",
-                                          "p99 time to first token (s)", "throughput (req/s)"]
+    assert list(latency.data.columns) == ["load (share of capacity)", "policy", "mean end-to-end (s)",
+                                          "p99 end-to-end (s)", "mean TTFT (s)", "p99 TTFT (s)",
+                                          "throughput (req/s)"]
     # seconds, not ms: the table's values are the grid's divided by 1,000
-    assert np.allclose(latency.data["mean end-to-end latency (s)"], shown["mean_e2el_ms"] / 1e3)
+    assert np.allclose(latency.data["mean end-to-end (s)"], shown["mean_e2el_ms"] / 1e3)
+    assert latency.data["load (share of capacity)"].iloc[0] == "5 %"
+    assert "chunked (vLLM)" in set(latency.data["policy"])
     html = chapter.usage_table(shown).to_html()
     assert "GPU busy" in html and "%" in html and "–" in html  # iteration-level batches never "leave full"
-    assert not any(f"{r:.6f}" in html for r in shown["rate_req_s"])  # no bare rates as headers
     assert [chapter._seconds(v) for v in (0.036517, 1.775439, 88.381793, 204.7986)] == ["0.0365", "1.78", "88.4",
                                                                                       "205"]
 
 
 def test_capacity_table(cost8b):
     capacity = chapter.policy_grid(cost8b, "azure-conv-2023", 32, [np.inf], batch_size=8, seed=0)
-    table = chapter.capacity_table(capacity)
-    assert list(table.data.columns) == ["policy", "saturation throughput (req/s)", "output throughput (tok/s)",
-                                        "padded token slots"]
+    table = chapter.capacity_table(capacity, 10.0)
+    assert list(table.data.columns) == ["policy", "saturation throughput (req/s)", "share of capacity",
+                                        "output throughput (tok/s)", "padded token slots"]
+    assert np.allclose(table.data["share of capacity"], capacity["request_throughput"] / 10.0)
+    assert table.data["saturation throughput (req/s)"].map("{:.3g}".format).tolist() == [
+        f"{v:.3g}" for v in capacity["request_throughput"]]  # three significant digits, as the facts print
+
+
+def test_the_facts_are_one_capacity_and_its_ratios():
+    sat = chapter.conv_saturation().set_index("policy")["request_throughput"]
+    # vLLM's saturation throughput on the conv scene is the book's capacity (chapter 8's fact): one number
+    assert sat["chunked"] == facts.value("capacity_req_s")
+    assert facts.value("lockstep_capacity_req_s") == sat["static"]
+    assert facts.value("orca_capacity_req_s") == sat["continuous"] < sat["chunked"]
+    assert facts.value("orca_over_lockstep") == pytest.approx(sat["continuous"] / sat["static"], rel=1e-12)
+    assert facts.value("lockstep_share_of_capacity") == pytest.approx(sat["static"] / sat["chunked"], rel=1e-12)
+    assert facts.value("low_load_req_s") == chapter.LOW_LOAD * facts.value("capacity_req_s")
+    assert facts.value("dynamic_timer_ms") == chapter.TIMER_MS

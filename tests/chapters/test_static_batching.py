@@ -7,6 +7,7 @@ import pytest
 from spec_helpers import axis_titles, marks, walk
 
 import batchlab as bl
+from batchlab.chapters import facts
 from batchlab.chapters import static_batching as chapter
 
 
@@ -45,13 +46,37 @@ def test_padding_chart(sweep):
     (param,) = spec["params"]
     assert param["name"] == "cv" and param["bind"] == {"input": "range", "min": 0.0, "max": 1.0, "step": 0.5,
                                                        "name": "output-length CV"}
+    assert param["value"] == chapter.CV_SHOWN == 1.0  # the slider starts where the text reads
     assert {"line", "point", "text", "bar"} <= marks(spec)
-    filters = list(walk(spec, "filter"))
-    assert len(filters) == 3 and all(" cv)" in f for f in filters)  # marker, label and batch panel follow it
+    filters = [f for f in walk(spec, "filter") if isinstance(f, str)]
+    # marker, the two readout lines and the batch panel follow the slider
+    assert sum(" cv)" in f for f in filters) == 4
     assert set(axis_titles(spec)) >= {"share wasted (%)", "output-length coefficient of variation"}
     assert all(t == t.lower() for t in axis_titles(spec))
     bars = spec["hconcat"][1]
     assert bars["encoding"]["x"]["field"] == "tokens" and bars["encoding"]["color"]["field"] == "kind"
+    # Every mark a reader can point at answers with titled fields; the readout is in words with a percentage.
+    curves = spec["hconcat"][0]["layer"]
+    hoverable = [layer for layer in curves if "tooltip" in layer.get("encoding", {})] + [bars]
+    assert len(hoverable) == 3  # the grid's points, the selected markers, the batch's bars
+    for layer in hoverable:
+        assert all(t.get("title") for t in layer["encoding"]["tooltip"])
+    calcs = [c for layer in curves for t in layer.get("transform", []) if (c := t.get("calculate"))]
+    assert calcs == ["datum.measure + ': ' + format(datum.share, '.0%')"] * 2
+
+
+def test_padding_chart_starts_at_the_grid_value_nearest_the_one_asked(sweep):
+    spec = chapter.padding_chart(*sweep, value=0.3).to_dict()
+    assert spec["params"][0]["value"] == 0.5
+
+
+def test_the_facts_are_the_pages_sweep_at_cv1(cost8b):
+    # Same seed at every CV (common random numbers): a one-CV sweep of the chapter's stream gives the facts.
+    one, _ = chapter.static_padding_sweep(cost8b, [1.0], **chapter.PADDING_STREAM)
+    assert facts.value("pad_cv1") == one.loc[0, "padding_fraction"]
+    assert facts.value("half_empty_cv1") == one.loc[0, "half_empty_fraction"]
+    assert 1.0 in chapter.CV_GRID and np.allclose(np.diff(chapter.CV_GRID), 0.05)
+    assert facts.get("pad_cv1").chapter == "static_batching" and facts.rendered("pad_cv1").endswith("%")
 
 
 def test_padding_chart_without_batch_panel(sweep):
