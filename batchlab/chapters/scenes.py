@@ -57,6 +57,7 @@ class Scene(NamedTuple):
     workload: str | None = None  # request preset (None: the cost model alone, or a stream built here)
     n_requests: int | None = None
     seed: int = 0
+    short: str = ""  # the same in a few words, for a table cell
 
     def cost(self):
         """The calibrated cost model of this scene."""
@@ -78,19 +79,25 @@ def _scenes(*scenes: Scene) -> dict[str, Scene]:
 
 
 SCENES = _scenes(
-    Scene("llama8", "Llama-3-8B in BF16 on one H100 SXM, the cost model alone", "llama-3-8b", "h100-sxm"),
+    Scene("llama8", "Llama-3-8B in BF16 on one H100 SXM, the cost model alone", "llama-3-8b", "h100-sxm",
+          short="Llama-3-8B BF16, one H100 SXM"),
     Scene("llama70", "Llama-3-70B in FP8 on one H100 SXM, the cost model alone", "llama-3-70b", "h100-sxm",
-          dtype="fp8"),
+          dtype="fp8", short="Llama-3-70B FP8, one H100 SXM"),
     Scene("spike", "Llama-3-8B in BF16 on one H100 SXM: a batch decoding at 2,048 tokens of context (the batch "
-          "whose step takes the article's 20 ms) when one 8,000-token prompt arrives", "llama-3-8b", "h100-sxm"),
+          "whose step takes the article's 20 ms) when one 8,000-token prompt arrives", "llama-3-8b", "h100-sxm",
+          short="Llama-3-8B BF16, one H100 SXM, a long prompt joining a decoding batch"),
     Scene("conv", "Llama-3-8B in BF16 on one H100 SXM serving the Azure conversation trace (2023): 3,000 "
           "requests with the trace's length distributions (prompt and output drawn independently) and a gamma "
           "renewal of its burstiness (seed 0), vLLM's defaults but for the knobs named", "llama-3-8b", "h100-sxm",
-          workload="azure-conv-2023", n_requests=3000),
+          workload="azure-conv-2023", n_requests=3000,
+          short="Llama-3-8B BF16, one H100 SXM, Azure conversation traffic (synthetic arrivals)"),
+    Scene("padding", "Llama-3-8B in BF16 on one H100 SXM: 512 requests queued at once, equal 512-token prompts and "
+          "outputs of mean 256 tokens drawn from a lognormal at the chosen spread, in static batches of 32 rows",
+          "llama-3-8b", "h100-sxm", short="Llama-3-8B BF16, one H100 SXM, 512 queued requests of varied output"),
     Scene("code", "Llama-3-8B in BF16 on one H100 SXM serving the Azure code trace (2023): 3,000 requests with "
           "the trace's length distributions (drawn independently) and a gamma renewal of its burstiness "
           "(inter-arrival CV about 13, seed 0)", "llama-3-8b", "h100-sxm", workload="azure-code-2023",
-          n_requests=3000),
+          n_requests=3000, short="Llama-3-8B BF16, one H100 SXM, Azure code traffic (synthetic bursts)"),
 )
 
 
@@ -125,8 +132,8 @@ def default_decoders(cost, context: int = CONTEXT, cadence_s: float = CADENCE_S)
     """The scene's batch: the decode batch whose step at ``context`` cached tokens is closest to ``cadence_s``.
 
     The step is the synchronous engine's, which the scene runs under every policy: it pays all of its CPU work,
-    as a cost model with ``cpu_hidden_fraction`` 0 charges it. 135 sequences for Llama-3-8B BF16 on an H100 SXM
-    at 2,048 tokens and 20 ms (calibrated); raises ``ValueError`` where no batch reaches the cadence
+    as a cost model with ``cpu_hidden_fraction`` 0 charges it (Llama-3-8B BF16 on an H100 SXM at 2,048 tokens
+    and 20 ms, calibrated: the fact ``spike_decoders``); raises ``ValueError`` where no batch reaches the cadence
     (:meth:`batchlab.CostModel.batch_for_step_time`). Used in chapters 05, 06, 12 and 14.
     """
     return cost.replace(cpu_hidden_fraction=0.0).batch_for_step_time(cadence_s, context)

@@ -216,13 +216,13 @@ _STREAM_TEXT = ("{n_requests} requests queued at once, equal {prompt_tokens}-tok
                 "mean {output_mean:.0f} tokens at CV 1, lockstep batches of {batch_size} rows").format(**PADDING_STREAM)
 
 
-@facts.fact("pad_cv1", scene="llama8", fmt=".0%", chapter="static_batching",
+@facts.fact("pad_cv1", scene="padding", fmt=".0%", chapter="static_batching",
             text=f"share of the token slots static batching computes that are padding ({_STREAM_TEXT})")
 def _pad_cv1():
     return _at("padding_fraction")
 
 
-@facts.fact("half_empty_cv1", scene="llama8", fmt=".0%", chapter="static_batching",
+@facts.fact("half_empty_cv1", scene="padding", fmt=".0%", chapter="static_batching",
             text=f"share of the batches' time static batching spends with at least half its rows finished "
                  f"({_STREAM_TEXT})")
 def _half_empty_cv1():
