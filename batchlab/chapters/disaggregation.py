@@ -2,8 +2,10 @@
 
 For a fixed number of GPUs, the request rate each configuration sustains with 90 % of requests inside a TTFT and a
 TPOT bound (goodput, as DistServe defines it), per GPU, on three workloads and three SLOs; the KV transfer a split
-pays; and routing over replicas on Mooncake's conversation trace. Every run is :func:`batchlab.simulate_fleet` or
-:func:`batchlab.simulate_disaggregated`; the grid runs on any ``concurrent.futures`` executor (Dask's included).
+pays; and routing over replicas on Mooncake's conversation trace and on shared system prompts. Every run is
+:func:`batchlab.simulate_fleet` or :func:`batchlab.simulate_disaggregated`; the grid runs on any
+``concurrent.futures`` executor (Dask's included). The experiments the facts at the end read are cached on disk
+(:func:`batchlab.chapters.facts.memo`), so the chapter and the pages that quote it share one run.
 """
 from __future__ import annotations
 
@@ -15,30 +17,54 @@ import batchlab as bl
 from batchlab import viz
 from batchlab._kernels import ROUTERS
 
+from . import facts, prefix_caching, scenes
+
 ATTAINMENT = 0.9  # share of requests that must meet both bounds (DistServe's goodput)
 WORKLOADS = {  # the chapter's name -> length preset (prompt and output lengths of a public trace)
     "short chat": "sharegpt",
     "long-prompt summarisation": "arxiv-summarization",
     "code": "azure-code-2023",
 }
+SMALL_BUDGET = 512  # tokens: the colocated setting with a small budget (Sarathi-Serve's regime)
 TIE_TOLERANCE = 0.05  # best split and best colocated within 5 % of each other: a tie
 WHOLE = "colocated, whole prompts"
+CHUNKED_DEFAULT = "colocated, chunked (8,192)"  # vLLM's defaults on an H100: chunked prefill, 8,192 tokens
+CHUNKED_SMALL = f"colocated, chunked ({SMALL_BUDGET})"
 SLOS = (  # (TTFT ms, TPOT ms), tight to loose
     (250.0, 10.0),
     (1000.0, 20.0),
     (5000.0, 50.0),
 )
 
+# -- the chapter's setting (the notebook's parameter cell repeats it; its hidden asserts check the two agree) ----
+SEED = 0  # seeds the prompt and output lengths and the Poisson arrivals
+GPU = "h100-sxm"
+MODEL = "llama-3-8b"
+N_GPUS = 4  # GPUs every configuration gets, one engine each
+DURATION_S = 30.0  # seconds of traffic per run (at least 300 requests)
+RATES = {  # request rates of the sweep (req/s, for all the GPUs together), geometric
+    "short chat": np.geomspace(10, 400, 14).round(1),
+    "long-prompt summarisation": np.geomspace(2, 80, 14).round(1),
+    "code": np.geomspace(2, 120, 14).round(1),
+}
+ROUTING_MODEL = "llama-3.1-8b"  # Llama-3-8B's shapes with a 131,072-token context: Mooncake's prompts need it
+N_REPLICAS = 4  # replicas behind the router; Mooncake's trace is replayed at its recorded rate
+SHARED = dict(n_requests=6000, n_groups=256, prompts_per_group=4, system_prompt_tokens=4096, question_tokens=256,
+              output_tokens=64, rate_req_s=20.0)  # system prompts whose KV outgrows one pool, not four
+
+FLEET, ROUTING = "fleet", "routing"  # the chapter's two scenes (batchlab.chapters.scenes.SCENES)
+FLEET_SCENE, ROUTING_SCENE = scenes.scene(FLEET), scenes.scene(ROUTING)
+
 
 def configs(n_gpus: int) -> dict[str, dict]:
     """The configurations of ``n_gpus`` GPUs (one engine each): colocated replicas with whole prompts
     (vLLM before chunked prefill, DistServe's baseline), colocated with chunked prefill at vLLM's defaults and at a
-    512-token budget (Sarathi-Serve's regime), and every split xP + yD with x + y = ``n_gpus``."""
+    :data:`SMALL_BUDGET`-token budget (Sarathi-Serve's regime), and every split xP + yD with x + y = ``n_gpus``."""
     out = {
-        WHOLE: {"n_prefill": 0, "knobs": {"enable_chunked_prefill": False,
-                                                                "max_num_batched_tokens": 8192}},
-        "colocated, chunked (8,192)": {"n_prefill": 0, "knobs": {}},
-        "colocated, chunked (512)": {"n_prefill": 0, "knobs": {"max_num_batched_tokens": 512, "max_num_seqs": 512}},
+        WHOLE: {"n_prefill": 0, "knobs": {"enable_chunked_prefill": False, "max_num_batched_tokens": 8192}},
+        CHUNKED_DEFAULT: {"n_prefill": 0, "knobs": {}},
+        CHUNKED_SMALL: {"n_prefill": 0,
+                        "knobs": {"max_num_batched_tokens": SMALL_BUDGET, "max_num_seqs": SMALL_BUDGET}},
     }
     for x in range(1, n_gpus):
         out[f"{x}P + {n_gpus - x}D"] = {"n_prefill": x, "knobs": {}}
@@ -83,6 +109,7 @@ def _grid_point(args) -> dict:
     return row
 
 
+@facts.memo
 def goodput_grid(cost, rates: dict, n_gpus: int = 4, duration_s: float = 30.0, seed=0, slos=SLOS,
                  executor=None) -> pd.DataFrame:
     """Every configuration of :func:`configs` on every workload at every rate of ``rates[workload]`` (req/s), with
@@ -90,8 +117,14 @@ def goodput_grid(cost, rates: dict, n_gpus: int = 4, duration_s: float = 30.0, s
     (at least 300 requests), so a queue that grows at a rate too high for the configuration has time to show.
 
     ``executor``: any ``concurrent.futures.Executor`` (a process pool, or Dask's ``client.get_executor()``); its
-    ``map`` runs the grid. None runs it here. Used in chapter 11.
+    ``map`` runs the grid. None runs it here (and caches the result on disk: :func:`facts.memo`). Used in
+    chapter 11.
     """
+    if not rates or any(len(r) == 0 for r in rates.values()):
+        raise ValueError("rates must give each workload at least one rate (req/s)")
+    unknown = sorted(set(rates) - set(WORKLOADS))
+    if unknown:
+        raise ValueError(f"rates: unknown workloads {unknown}; workloads: {list(WORKLOADS)}")
     jobs = [(cost, name, c_name, c, n_gpus, float(rate), max(300, int(rate * duration_s)), seed, tuple(slos))
             for name in rates for (c_name, c) in configs(n_gpus).items() for rate in rates[name]]
     rows = list((executor.map if executor is not None else map)(_grid_point, jobs))
@@ -125,6 +158,7 @@ def goodput_table(grid: pd.DataFrame, n_gpus: int = 4, slos=SLOS) -> pd.DataFram
 
 
 def slo_label(ttft_ms: float, tpot_ms: float) -> str:
+    """An SLO as the page names it: "TTFT 250 ms, TPOT 10 ms". Used in chapter 11."""
     return f"TTFT {ttft_ms:,.0f} ms, TPOT {tpot_ms:,.0f} ms"
 
 
@@ -150,13 +184,16 @@ def winners(table: pd.DataFrame, tolerance: float = TIE_TOLERANCE) -> pd.DataFra
     return pd.DataFrame(rows)
 
 
-def goodput_chart(table: pd.DataFrame, workload_name: str | None = None, slo: int = 1):
+def goodput_chart(table: pd.DataFrame, workload_name: str | None = None, slo: int = 1, n_gpus: int = 4):
     """Goodput per GPU of every configuration, for the workload and the SLO picked with radio buttons (the SLO
-    labelled by its bounds in ms). Used in chapter 11."""
+    labelled by its bounds in ms: three named choices, not a scale); ``n_gpus`` names the fleet in the tooltip.
+    Used in chapter 11."""
     names = list(dict.fromkeys(table["workload"]))
+    if workload_name is not None and workload_name not in names:
+        raise ValueError(f"workload_name must be one of {names}, got {workload_name!r}")
     order = list(dict.fromkeys(table["config"]))
     by_slo = table.drop_duplicates("slo").sort_values("slo")
-    slo_param, at_slo = viz.grid_param("slo_index", table["slo"], "SLO", field="slo", value=slo,
+    slo_param, at_slo = viz.grid_param("slo_index", table["slo"], "SLO", field="slo", value=slo, control="radio",
                                        labels=[slo_label(t, p) for t, p in zip(by_slo["ttft_ms"], by_slo["tpot_ms"])])
     at_workload = "datum.workload == workload_pick"
     pick = alt.param(name="workload_pick", value=workload_name or names[0],
@@ -164,18 +201,23 @@ def goodput_chart(table: pd.DataFrame, workload_name: str | None = None, slo: in
     colour = alt.Color("kind:N", scale=alt.Scale(domain=["colocated", "split"], range=viz.PALETTE[:2]),
                        legend=alt.Legend(orient="bottom", title=None))
     data = table.assign(kind=np.where(table["config"].str.startswith("colocated"), "colocated", "split"))
+    total = f"goodput, all {n_gpus:,} GPUs (req/s)"
+    tips = [viz.tip("config", "configuration", kind="N"), viz.tip("slo_label", "SLO (90 % of requests)", kind="N"),
+            viz.tip("goodput_per_gpu", "goodput per GPU (req/s)", ".2f"), viz.tip("goodput_req_s", total, ".1f")]
     return alt.Chart(data).transform_filter(f"{at_slo} && {at_workload}").mark_bar().encode(
-        y=alt.Y("config:N", sort=order, title=None),
+        y=alt.Y("config:N", sort=order, title=None, axis=alt.Axis(labelLimit=260)),
         x=alt.X("goodput_per_gpu:Q", title="goodput per GPU (req/s with 90 % inside the SLO)"),
-        color=colour,
-        tooltip=["config:N", alt.Tooltip("goodput_per_gpu:Q", format=".2f"),
-                 alt.Tooltip("goodput_req_s:Q", format=".1f")],
-    ).properties(width=420, height=200).add_params(slo_param, pick)
+        color=colour, tooltip=tips,
+    ).properties(width=420, height=200, usermeta={"narrow": {"margin": 200}}  # a phone: room for the names
+                 ).add_params(slo_param, pick)
 
 
 def latency_at(grid: pd.DataFrame, name: str, rate: float) -> pd.DataFrame:
-    """The P90 TTFT and TPOT (ms) of every configuration on workload ``name`` at the grid rate nearest ``rate``."""
+    """The P90 TTFT and TPOT (ms) of every configuration on workload ``name`` at the grid rate nearest ``rate``.
+    Used in chapter 11."""
     runs = grid[grid["workload"] == name]
+    if runs.empty:
+        raise ValueError(f"name: no run of workload {name!r} in the grid")
     near = runs["rate_req_s"].iloc[(runs["rate_req_s"] - rate).abs().argmin()]
     return runs[runs["rate_req_s"] == near][["config", "rate_req_s", "p90_ttft_ms", "p90_tpot_ms"]]
 
@@ -192,17 +234,22 @@ def transfer_table(cost, prompt_tokens=(256, 2048, 8192)) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def transfer_display(table: pd.DataFrame):
+def transfer_display(table: pd.DataFrame, network_gbit_s: float = 400.0):
+    """:func:`transfer_table` for the page (``network_gbit_s``: the network link's line rate, for its header).
+    Used in chapter 11."""
     return viz.display_table(table, {
         "prompt_tokens": ("prompt (tokens)", "{:,}"), "kv_mib": ("KV cache (MiB)", "{:,.0f}"),
         "prefill_ms": ("prefill alone (ms)", "{:,.1f}"), "nvlink_ms": ("over NVLink (ms)", "{:,.2f}"),
-        "network_ms": ("over 400 Gb/s (ms)", "{:,.2f}")})
+        "network_ms": (f"over {network_gbit_s:,.0f} Gb/s (ms)", "{:,.2f}")})
 
 
+@facts.memo
 def routing_table(cost, workloads: dict, n_replicas: int, routers=ROUTERS, **knobs) -> pd.DataFrame:
     """Each router over ``n_replicas`` replicas on each workload (name -> :class:`batchlab.Requests`): the fleet's
     prefix-cache hit rate, median and P99 TTFT, P99 TPOT and the spread of requests across replicas (largest
-    share / fair share). Used in chapter 11."""
+    share / fair share). Cached on disk (:func:`facts.memo`). Used in chapter 11."""
+    if not workloads:
+        raise ValueError("workloads must name at least one workload")
     rows = []
     for name, requests in workloads.items():
         for router in routers:
@@ -217,6 +264,7 @@ def routing_table(cost, workloads: dict, n_replicas: int, routers=ROUTERS, **kno
 
 
 def routing_display(table: pd.DataFrame):
+    """:func:`routing_table` for the page. Used in chapter 11."""
     return viz.display_table(table, {
         "workload": ("workload", "{}"), "router": ("router", "{}"),
         "prefix_cache_hit_rate": ("prefix-cache hit rate", "{:.1%}"),
@@ -225,6 +273,7 @@ def routing_display(table: pd.DataFrame):
 
 
 def winners_display(table: pd.DataFrame):
+    """:func:`winners` for the page. Used in chapter 11."""
     return viz.display_table(table, {
         "workload": ("workload", "{}"), "slo_label": ("SLO (90 % of requests)", "{}"), "kind": ("wins", "{}"),
         "winner": ("configuration", "{}"),
@@ -232,6 +281,87 @@ def winners_display(table: pd.DataFrame):
         "best_split": ("best split (req/s per GPU)", "{:.2f}"), "best_split_config": ("best split", "{}")})
 
 
-__all__ = ["ATTAINMENT", "SLOS", "TIE_TOLERANCE", "WHOLE", "WORKLOADS", "attainment", "configs", "goodput_chart",
-           "goodput_grid", "goodput_table", "latency_at", "routing_display", "routing_table", "run",
-           "slo_label", "transfer_display", "transfer_table", "winners", "winners_display", "workload"]
+# -- facts other pages glue (batchlab.chapters.facts), from the chapter's own setting ---------------------------
+def chapter_cost():
+    """The goodput grid's engine: Llama-3-8B in BF16 on one H100 SXM, calibrated. Used in chapter 11."""
+    return bl.CostModel(bl.get_hardware(GPU), bl.get_model(MODEL))
+
+
+def routing_cost():
+    """The routing runs' engine: Llama-3.1-8B (Llama-3-8B's shapes, a long context) on one H100 SXM."""
+    return bl.CostModel(bl.get_hardware(GPU), bl.get_model(ROUTING_MODEL))
+
+
+def routing_workloads(seed=SEED) -> dict:
+    """The routing section's two workloads: Mooncake's conversation trace at its recorded rate and the shared
+    system prompts of :data:`SHARED`. Used in chapter 11."""
+    return {"Mooncake conversations": prefix_caching.mooncake_requests(),
+            "shared system prompts": bl.shared_prefix(**SHARED, seed=seed)}
+
+
+def chapter_winners() -> pd.DataFrame:
+    """:func:`winners` of the page's grid (:data:`RATES` on :data:`N_GPUS` GPUs; cached on disk), indexed by
+    ``workload`` and ``slo``. Used by the facts below."""
+    grid = goodput_grid(chapter_cost(), RATES, n_gpus=N_GPUS, duration_s=DURATION_S, seed=SEED)
+    return winners(goodput_table(grid, n_gpus=N_GPUS)).set_index(["workload", "slo"])
+
+
+def chapter_routing() -> pd.DataFrame:
+    """:func:`routing_table` of the page's two workloads on :data:`N_REPLICAS` replicas (cached on disk), indexed
+    by ``workload`` and ``router``. Used by the facts below."""
+    return routing_table(routing_cost(), routing_workloads(), N_REPLICAS).set_index(["workload", "router"])
+
+
+@facts.fact("disagg_tight_slo", scene=FLEET, chapter="disaggregation",
+            text="the tightest of the chapter's three SLOs, met by 90 % of requests (DistServe's goodput)")
+def _tight_slo():
+    return slo_label(*SLOS[0])
+
+
+@facts.fact("disagg_code_tight_split", scene=FLEET, chapter="disaggregation",
+            text="the split of four GPUs into prefill (P) and decode (D) instances with the most goodput per GPU "
+                 "on the code workload under the tightest SLO")
+def _code_tight_split():
+    return str(chapter_winners().loc[("code", 0), "best_split_config"])
+
+
+@facts.fact("disagg_code_tight_gain", scene=FLEET, fmt=".2f", chapter="disaggregation",
+            text="the best split's goodput per GPU over the best colocated setting's (chunked prefill at either "
+                 "budget, or whole prompts), on the code workload (Poisson arrivals) under the tightest SLO")
+def _code_tight_gain():
+    row = chapter_winners().loc[("code", 0)]
+    return float(row["best_split"] / row["best_colocated"])
+
+
+def _count_fact(kind: str, text: str):
+    @facts.fact(f"disagg_{kind}_cells", scene=FLEET, chapter="disaggregation", text=text)
+    def _count():
+        return int((chapter_winners()["kind"] == kind).sum())
+
+
+_count_fact("colocated", "of the chapter's workload-and-SLO cells, how many colocated replicas win by more than "
+                         "5 % (chunked prefill, every time)")
+_count_fact("split", "of the chapter's workload-and-SLO cells, how many a prefill/decode split wins by more than 5 %")
+_count_fact("tie", "of the chapter's workload-and-SLO cells, how many end within 5 % (a tie)")
+
+
+@facts.fact("disagg_cells", scene=FLEET, chapter="disaggregation",
+            text="the chapter's workload-and-SLO cells: three workloads under three SLOs")
+def _cells():
+    return len(chapter_winners())
+
+
+@facts.fact("disagg_router_sp_ttft_factor", scene=ROUTING, fmt=".1f", chapter="disaggregation",
+            text="how many times lower the median TTFT of shared system prompts whose KV cache outgrows one "
+                 "replica's pool is with a prefix-aware router than with round robin, four replicas")
+def _router_sp_ttft_factor():
+    r = chapter_routing()
+    return float(r.loc[("shared system prompts", "round robin"), "median_ttft_ms"]
+                 / r.loc[("shared system prompts", "prefix aware"), "median_ttft_ms"])
+
+
+__all__ = ["ATTAINMENT", "CHUNKED_DEFAULT", "CHUNKED_SMALL", "SLOS", "SMALL_BUDGET", "TIE_TOLERANCE", "WHOLE",
+           "WORKLOADS", "attainment", "chapter_cost", "chapter_routing", "chapter_winners", "configs",
+           "goodput_chart", "goodput_grid", "goodput_table", "latency_at", "routing_cost", "routing_display",
+           "routing_table", "routing_workloads", "run", "slo_label", "transfer_display", "transfer_table", "winners",
+           "winners_display", "workload"]

@@ -3,10 +3,17 @@
 Three workloads carry prefix block ids (``Requests.prefix_blocks``): Mooncake's conversation trace (its
 ``hash_ids``, 512 tokens each; read offline from ``data/mooncake_conversation_prefix.csv.gz`` by
 :func:`mooncake_requests`), shared system prompts (:func:`batchlab.shared_prefix`) and multi-turn chats
-(:func:`batchlab.multi_turn`). :func:`pool_sweep` replays each through ``policy="chunked"`` with prefix caching on
-and off over KV pools of several sizes; :func:`cached_bound` is the hit rate a pool that never evicts would give,
-counted from the ids alone; :func:`pool_chart` draws the sweep with a workload and a pool-size control;
-:func:`budget_sweep` and :func:`budget_chart` redo chapter 06's budget trade with and without the cache.
+(:func:`batchlab.multi_turn`); :func:`chapter_workloads` builds the chapter's three. :func:`pool_sweep` replays
+each through ``policy="chunked"`` with prefix caching on and off over KV pools of several sizes;
+:func:`cached_bound` is the hit rate a pool that never evicts would give, counted from the ids alone;
+:func:`pool_chart` draws the sweep with a workload and a pool-size control; :func:`budget_sweep` and
+:func:`budget_chart` redo chapter 6's budget trade with and without the cache. The facts other pages quote
+(the hit rate of Mooncake's trace at vLLM's pool, the TTFT the cache saves on shared system prompts, ...) are
+registered at the end, computed from the chapter's own setting (:data:`SCENE`) through the disk cache, so the
+chapter and the pages that quote it share one run.
+
+The simulator caches the blocks of prompts only: a block that a request's answer fills is not found by the next
+request (vLLM 0.33 caches those too; issue 26). Of the chapter's workloads only the chats would find more.
 """
 from __future__ import annotations
 
@@ -19,8 +26,12 @@ import pandas as pd
 
 from .. import viz
 from .._data import DATA_DIR
+from ..cost import CostModel
+from ..hardware import get_hardware
+from ..models import get_model
 from ..sim import simulate
-from ..workload import Requests
+from ..workload import Requests, multi_turn, shared_prefix
+from . import facts, scenes
 
 MOONCAKE_FILE = "mooncake_conversation_prefix.csv.gz"  # written by scripts/make_mooncake_prefix.py
 MOONCAKE_BLOCK_TOKENS = 512  # tokens per hash id in Mooncake's trace
@@ -28,6 +39,39 @@ GIB = 2**30
 SUMMARY_KEYS = ("prefix_cache_hit_rate", "median_ttft_ms", "p99_ttft_ms", "p99_itl_ms", "request_throughput",
                 "total_token_throughput", "gpu_busy_fraction", "preemptions", "completed", "rejected")
 RUN_KEYS = SUMMARY_KEYS + ("recomputed_tokens",)  # and, from the per-request table, tokens recomputed after preemption
+
+# -- the chapter's setting (the notebook's parameter cell repeats it; its hidden asserts check the two agree) ----
+SEED = 0  # seeds the synthetic workloads (prompt order, arrivals); the trace is replayed as recorded
+GPU = "h100-sxm"
+MODEL = "llama-3.1-8b"  # Llama-3-8B's weights and shapes with a 131,072-token context: Mooncake's prompts need it
+TRACE_SPEEDUP = 0.2  # Mooncake's arrivals 5 times slower than recorded, a load one GPU can serve
+N_REQUESTS = 2000  # requests of the shared-system-prompt workload
+SHARED = dict(n_groups=64, prompts_per_group=16, system_prompt_tokens=4096, question_tokens=256,
+              output_tokens=64, rate_req_s=4.0)
+CHATS = dict(n_conversations=200, turns=8, system_prompt_tokens=2048, user_tokens=512, output_tokens=256,
+             rate_req_s=0.4, turn_gap_s=30.0)  # rate: new conversations per second
+POOLS_GIB = [16, 32, 64, 128, 256, 512, 1024, 2048]  # KV pool sizes of the sweep (GiB)
+N_CLIENTS = 32  # closed-loop clients of the full-load runs (vllm bench serve --max-concurrency)
+N_TRACE_FULL_LOAD = 3000  # Mooncake requests in the full-load run, at the recorded rate
+MAX_NUM_BATCHED_TOKENS = [256, 512, 1024, 2048, 4096, 8192]  # token budgets of the chunking sweep
+MAX_NUM_SEQS = 256  # in the chunking sweep: vLLM requires max_num_batched_tokens >= max_num_seqs
+MOONCAKE, SHARED_NAME, CHATS_NAME = "Mooncake conversations", "shared system prompts", "multi-turn chats"
+
+SCENE = "prefix"  # the chapter's scene (batchlab.chapters.scenes.SCENES), in the words its page states it
+PREFIX_SCENE = scenes.scene(SCENE)
+
+
+def chapter_cost() -> CostModel:
+    """The chapter's engine: Llama-3.1-8B in BF16 on one H100 SXM, calibrated. Used in chapter 10."""
+    return CostModel(get_hardware(GPU), get_model(MODEL))
+
+
+def chapter_workloads(seed=SEED) -> dict:
+    """The chapter's three workloads by name (:data:`MOONCAKE`, :data:`SHARED_NAME`, :data:`CHATS_NAME`), as the
+    page builds them. Used in chapter 10 and by its facts."""
+    return {MOONCAKE: mooncake_requests(speedup=TRACE_SPEEDUP),
+            SHARED_NAME: shared_prefix(N_REQUESTS, **SHARED, seed=seed),
+            CHATS_NAME: multi_turn(**CHATS, seed=seed)}
 
 
 # -- the Mooncake trace, offline -------------------------------------------------------------------------------
@@ -132,22 +176,25 @@ def reuse_gaps(requests: Requests, min_ids: int = 2) -> pd.DataFrame:
 # -- the sweep -------------------------------------------------------------------------------------------------
 def pool_blocks(cost, pool_gib: float, block_size: int = 16) -> int:
     """``num_kv_blocks`` for a KV pool of ``pool_gib`` GiB (vLLM's null block added). Used in chapter 10."""
+    if not pool_gib > 0:
+        raise ValueError(f"pool_gib must be a size in GiB above 0, got {pool_gib!r}")
     return int(pool_gib * GIB // (block_size * cost.kv_bytes_per_token)) + 1
 
 
 def run_summary(requests: Requests, cost, **knobs) -> dict:
     """``simulate(requests, "chunked", cost, record_tokens=False, **knobs).summary()``, the keys this chapter
     reads (:data:`SUMMARY_KEYS`), and ``recomputed_tokens``: the prompt and output tokens computed again after
-    preemptions, summed over the requests (``SimResult.requests``)."""
+    preemptions, summed over the requests (``SimResult.requests``). Used in chapter 10."""
     res = simulate(requests, "chunked", cost, record_tokens=False, **knobs)
     s = res.summary()
     return {**{k: s[k] for k in SUMMARY_KEYS}, "recomputed_tokens": int(res.requests["recomputed_tokens"].sum())}
 
 
+@facts.memo
 def pool_sweep(cost, workloads: dict, pools_gib, caching=(True, False), **knobs) -> pd.DataFrame:
-    """Every workload at every KV pool size, prefix caching on and off.
+    """Every workload at every KV pool size, prefix caching on and off (cached on disk: :func:`facts.memo`).
 
-    Used in chapter 10.
+    Used in chapter 10 and by its facts.
 
     Parameters
     ----------
@@ -160,7 +207,8 @@ def pool_sweep(cost, workloads: dict, pools_gib, caching=(True, False), **knobs)
     caching : sequence of bool
         Values of ``enable_prefix_caching``.
     **knobs
-        Passed to :func:`batchlab.simulate` (``gpu_memory_utilization``, ``max_num_batched_tokens``...).
+        Passed to :func:`batchlab.simulate` (``gpu_memory_utilization``, ``max_num_batched_tokens``,
+        ``max_concurrency``...).
 
     Returns
     -------
@@ -168,6 +216,8 @@ def pool_sweep(cost, workloads: dict, pools_gib, caching=(True, False), **knobs)
         One row per run: ``workload``, ``caching``, ``num_kv_blocks``, ``pool_gib`` (the pool without the null
         block), ``pool_tokens``, ``log2_pool_gib``, ``default_pool`` (True for None) and :data:`RUN_KEYS`.
     """
+    if not workloads:
+        raise ValueError("workloads must name at least one workload")
     rows = []
     for name, reqs in workloads.items():
         for gib in pools_gib:
@@ -184,61 +234,91 @@ def pool_sweep(cost, workloads: dict, pools_gib, caching=(True, False), **knobs)
     return df
 
 
-def gain_table(sweep: pd.DataFrame):
-    """Per workload at one pool: hit rate, TTFT (p50, p99) and GPU busy share with caching on and off.
+# -- what a sweep says (the page reads these; so do the facts) ---------------------------------------------------
+def at_default_pool(sweep: pd.DataFrame) -> pd.DataFrame:
+    """The runs on vLLM's own pool, indexed by ``workload`` and ``caching``. Used in chapter 10."""
+    rows = sweep[sweep["default_pool"]]
+    if rows.empty:
+        raise ValueError("sweep has no run on vLLM's own pool (pools_gib needs None)")
+    return rows.set_index(["workload", "caching"])
 
-    ``sweep`` holds one pool per workload (:func:`pool_sweep` with one pool). Used in chapter 10.
+
+def hit_curve(sweep: pd.DataFrame, workload: str) -> pd.Series:
+    """The hit rate with caching on against the pool (GiB), on the grid of pools (vLLM's own left out). Used in
+    chapter 10."""
+    on = sweep[(sweep["workload"] == workload) & sweep["caching"] & ~sweep["default_pool"]]
+    if on.empty:
+        raise ValueError(f"workload {workload!r} has no run with caching on in the sweep")
+    return on.set_index("pool_gib")["prefix_cache_hit_rate"].sort_index()
+
+
+def half_bound_pool(sweep: pd.DataFrame, workload: str, bound: float) -> float:
+    """The smallest pool of the grid (GiB) whose hit rate reaches half of ``bound`` (:func:`cached_bound`): the
+    pool it takes to find half of the tokens that recur. NaN if no pool of the grid does. Used in chapter 10."""
+    curve = hit_curve(sweep, workload)
+    reached = curve.index[curve.to_numpy() >= bound / 2]
+    return float(reached[0]) if len(reached) else float("nan")
+
+
+def ttft_factor(sweep: pd.DataFrame, workload: str, stat: str = "median_ttft_ms") -> float:
+    """How many times lower ``stat`` (a TTFT key of the summary) is with prefix caching on than off, on vLLM's
+    own pool. Used in chapter 10."""
+    at = at_default_pool(sweep)
+    return float(at.loc[(workload, False), stat] / at.loc[(workload, True), stat])
+
+
+def flat_budget(budgets: pd.DataFrame, caching: bool = True, cols=("p99_itl_ms", "p99_ttft_ms")) -> int:
+    """The smallest token budget of :func:`budget_sweep` from which every larger budget gives the same run (the
+    same ``cols``): where the budget stops mattering. Used in chapter 10."""
+    runs = budgets[budgets["caching"] == caching].set_index("max_num_batched_tokens").sort_index()[list(cols)]
+    if runs.empty:
+        raise ValueError(f"budgets has no run with caching={caching}")
+    same = (runs == runs.iloc[-1]).all(axis=1).to_numpy()
+    first = len(same) - int(np.argmin(same[::-1])) if not same.all() else 0  # the run of equal rows at the end
+    return int(runs.index[first])
+
+
+# -- tables ----------------------------------------------------------------------------------------------------
+def _on_off(runs: pd.DataFrame, key: str) -> pd.DataFrame:
+    """``runs`` one row per ``key`` value and caching setting, caching off first, with a ``cache`` column in words."""
+    order = {k: i for i, k in enumerate(dict.fromkeys(runs[key]))}
+    df = runs.assign(_k=runs[key].map(order), cache=np.where(runs["caching"], "on", "off"))
+    return df.sort_values(["_k", "caching"]).drop(columns="_k")
+
+
+def gain_table(sweep: pd.DataFrame):
+    """Per workload on vLLM's pool, caching off then on: hit rate, TTFT (median, P99) and the GPU's busy share.
+
+    ``sweep`` holds one pool per workload (:func:`pool_sweep` rows with ``default_pool``). Used in chapter 10.
     """
-    on = sweep[sweep["caching"]].set_index("workload")
-    off = sweep[~sweep["caching"]].set_index("workload").loc[on.index]
-    df = pd.DataFrame({"workload": on.index, "pool": on["pool_gib"].to_numpy(),
-                       "hit": on["prefix_cache_hit_rate"].to_numpy(),
-                       "p50_off": off["median_ttft_ms"].to_numpy(), "p50_on": on["median_ttft_ms"].to_numpy(),
-                       "p99_off": off["p99_ttft_ms"].to_numpy(), "p99_on": on["p99_ttft_ms"].to_numpy(),
-                       "busy_off": off["gpu_busy_fraction"].to_numpy(), "busy_on": on["gpu_busy_fraction"].to_numpy(),
-                       "tput": on["total_token_throughput"].to_numpy()})
-    return viz.display_table(df, {
-        "workload": ("workload", "{}"), "pool": ("KV pool (GiB)", "{:,.1f}"), "hit": ("hit rate", "{:.1%}"),
-        "p50_off": ("median TTFT, off (ms)", "{:,.0f}"), "p50_on": ("median TTFT, on (ms)", "{:,.0f}"),
-        "p99_off": ("P99 TTFT, off (ms)", "{:,.0f}"), "p99_on": ("P99 TTFT, on (ms)", "{:,.0f}"),
-        "busy_off": ("GPU busy, off", "{:.0%}"), "busy_on": ("GPU busy, on", "{:.0%}"),
-        "tput": ("throughput (tok/s)", "{:,.0f}")})
+    return viz.display_table(_on_off(sweep, "workload"), {
+        "workload": ("workload", "{}"), "cache": ("prefix caching", "{}"),
+        "prefix_cache_hit_rate": ("hit rate", "{:.1%}"), "median_ttft_ms": ("median TTFT (ms)", "{:,.0f}"),
+        "p99_ttft_ms": ("P99 TTFT (ms)", "{:,.0f}"), "gpu_busy_fraction": ("GPU busy", "{:.0%}")})
 
 
 def preemption_table(sweep: pd.DataFrame, workload: str, pools_gib):
-    """One workload at the given pools: hit rate, preemptions, tokens recomputed and P99 TTFT, caching on and off.
-
-    Used in chapter 10.
+    """One workload at the given pools, caching off then on: hit rate, preemptions, tokens computed again after
+    them and P99 TTFT. Used in chapter 10.
     """
     w = sweep[(sweep["workload"] == workload) & ~sweep["default_pool"]]
     w = w[np.isin(w["pool_gib"].round(6), np.round(pools_gib, 6))]
-    on, off = (w[w["caching"] == c].set_index("pool_gib").sort_index() for c in (True, False))
-    df = pd.DataFrame({"pool": on.index, "hit": on["prefix_cache_hit_rate"].to_numpy(),
-                       "pre_off": off["preemptions"].to_numpy(), "pre_on": on["preemptions"].to_numpy(),
-                       "re_off": off["recomputed_tokens"].to_numpy(), "re_on": on["recomputed_tokens"].to_numpy(),
-                       "p99_off": off["p99_ttft_ms"].to_numpy() / 1e3, "p99_on": on["p99_ttft_ms"].to_numpy() / 1e3})
+    if w.empty:
+        raise ValueError(f"the sweep has no run of {workload!r} on the pools {list(pools_gib)}")
+    df = _on_off(w.sort_values("pool_gib"), "pool_gib").assign(p99_ttft_s=lambda d: d["p99_ttft_ms"] / 1e3)
     return viz.display_table(df, {
-        "pool": ("KV pool (GiB)", "{:,.0f}"), "hit": ("hit rate", "{:.1%}"),
-        "pre_off": ("preemptions, off", "{:,d}"), "pre_on": ("preemptions, on", "{:,d}"),
-        "re_off": ("tokens recomputed, off", "{:,d}"), "re_on": ("tokens recomputed, on", "{:,d}"),
-        "p99_off": ("P99 TTFT, off (s)", "{:,.1f}"), "p99_on": ("P99 TTFT, on (s)", "{:,.1f}")})
+        "pool_gib": ("KV pool (GiB)", "{:,.0f}"), "cache": ("prefix caching", "{}"),
+        "prefix_cache_hit_rate": ("hit rate", "{:.1%}"), "preemptions": ("preemptions", "{:,d}"),
+        "recomputed_tokens": ("tokens recomputed", "{:,d}"), "p99_ttft_s": ("P99 TTFT (s)", "{:,.1f}")})
 
 
 def throughput_table(runs: pd.DataFrame):
-    """Closed-loop runs (:func:`pool_sweep` with ``max_concurrency``) per workload: request and token throughput
-    with caching off and on, and their ratio. Used in chapter 10."""
-    on = runs[runs["caching"]].set_index("workload")
-    off = runs[~runs["caching"]].set_index("workload").loc[on.index]
-    df = pd.DataFrame({"workload": on.index, "hit": on["prefix_cache_hit_rate"].to_numpy(),
-                       "req_off": off["request_throughput"].to_numpy(), "req_on": on["request_throughput"].to_numpy(),
-                       "tok_off": off["total_token_throughput"].to_numpy(),
-                       "tok_on": on["total_token_throughput"].to_numpy()})
-    df["ratio"] = df["req_on"] / df["req_off"]
-    return viz.display_table(df, {
-        "workload": ("workload", "{}"), "hit": ("hit rate", "{:.1%}"),
-        "req_off": ("requests/s, off", "{:,.2f}"), "req_on": ("requests/s, on", "{:,.2f}"),
-        "ratio": ("on / off", "{:.2f}x"), "tok_off": ("tokens/s, off", "{:,.0f}"),
-        "tok_on": ("tokens/s, on", "{:,.0f}")})
+    """Closed-loop runs (:func:`pool_sweep` with ``max_concurrency``) per workload, caching off then on: hit rate,
+    requests and tokens per second. Used in chapter 10."""
+    return viz.display_table(_on_off(runs, "workload"), {
+        "workload": ("workload", "{}"), "cache": ("prefix caching", "{}"),
+        "prefix_cache_hit_rate": ("hit rate", "{:.1%}"), "request_throughput": ("throughput (req/s)", "{:,.2f}"),
+        "total_token_throughput": ("throughput (tok/s)", "{:,.0f}")})
 
 
 def workload_table(workloads: dict, block_size: int = 16) -> pd.DataFrame:
@@ -262,6 +342,7 @@ def workload_display(table: pd.DataFrame):
         "bound_answers": ("the same, answers cached too", "{:.1%}")})
 
 
+# -- charts ----------------------------------------------------------------------------------------------------
 def _pool_label(gib: float) -> str:
     """A pool as the reader reads it: "16 GiB", "1 TiB"."""
     return f"{gib / 1024:g} TiB" if gib >= 1024 else f"{gib:g} GiB"
@@ -284,11 +365,15 @@ def pool_chart(sweep: pd.DataFrame, default_pool_gib: float, workload: str | Non
 
     Returns
     -------
-    altair chart; radio buttons pick the workload and the pool (labelled in GiB), which rings the point on the
-    hit-rate curve and redraws the TTFT bars.
+    altair chart; a slider picks the pool (labelled in GiB, one step per doubling) and radio buttons the
+    workload, which rings the point on the hit-rate curve and redraws the TTFT bars.
     """
     grid = sweep[~sweep["default_pool"]]
+    if grid.empty:
+        raise ValueError("sweep has no run on a grid pool (pools_gib other than None)")
     names = list(dict.fromkeys(grid["workload"]))
+    if workload is not None and workload not in names:
+        raise ValueError(f"workload must be one of {names}, got {workload!r}")
     gibs = sorted(grid["pool_gib"].unique())
     near = min(gibs, key=lambda g: abs(np.log2(g / (pool_gib or default_pool_gib))))
     pool, at_pool = viz.grid_param("log2_pool_gib", grid["log2_pool_gib"], "KV pool", value=float(np.log2(near)),
@@ -299,54 +384,69 @@ def pool_chart(sweep: pd.DataFrame, default_pool_gib: float, workload: str | Non
                        ).resolve_scale(color="independent").add_params(pool, pick)
 
 
+_POOL_TIPS = [viz.tip("workload", "workload", kind="N"), viz.tip("pool_gib", "KV pool (GiB)", ",.0f"),
+              viz.tip("prefix_cache_hit_rate", "prefix-cache hit rate", ".1%"),
+              viz.tip("preemptions", "preemptions", ",d")]
+
+
 def _hit_curve(grid, names, default_pool_gib, at_pool):
     """Left panel of :func:`pool_chart`: hit rate against pool size, one line per workload."""
     on = grid[grid["caching"]]
+    pools = sorted(on["pool_gib"].round(6).unique().tolist())
+    ticks = pools[::2] if len(pools) > 5 else pools  # every other doubling: labels of neighbours would touch
     x = alt.X("pool_gib:Q", title="KV pool (log scale)", scale=alt.Scale(type="log", base=2),
-              axis=alt.Axis(values=sorted(on["pool_gib"].round(6).unique().tolist()),
+              axis=alt.Axis(values=ticks,
                             labelExpr="datum.value >= 1024 ? datum.value / 1024 + ' TiB' : datum.value + ' GiB'"))
     y = alt.Y("prefix_cache_hit_rate:Q", title="prefix-cache hit rate", axis=alt.Axis(format="%"),
               scale=alt.Scale(domain=[0, 1]))
     color = alt.Color("workload:N", scale=alt.Scale(domain=names, range=viz.PALETTE[:len(names)]),
                       legend=alt.Legend(orient="bottom", title=None, columns=1))
     chosen = "datum.workload == workload_pick"
-    tips = ["workload:N", alt.Tooltip("pool_gib:Q", format=",.0f"),
-            alt.Tooltip("prefix_cache_hit_rate:Q", format=".1%"), "preemptions:Q"]
-    base = alt.Chart(on).encode(x=x, y=y, color=color, tooltip=tips)
+    base = alt.Chart(on).encode(x=x, y=y, color=color, tooltip=_POOL_TIPS)
     lines = base.mark_line(point=True).encode(opacity=alt.condition(chosen, alt.value(1.0), alt.value(0.3)))
     ring = base.transform_filter(f"{chosen} && {at_pool}").mark_point(size=260, filled=False, strokeWidth=2,
                                                                        color="black")
     rule = alt.Chart(pd.DataFrame({"pool_gib": [default_pool_gib], "label": ["one H100: vLLM's pool"]}))
-    mark = rule.mark_rule(color="#999999", strokeDash=[4, 3]).encode(x="pool_gib:Q")
-    text = rule.mark_text(align="left", dx=4, y=6, baseline="top", fontSize=10, color="#666666").encode(
-        x="pool_gib:Q", text="label:N")
+    rule_tips = [viz.tip("label", "pool", kind="N"), viz.tip("pool_gib", "KV pool (GiB)", ",.1f")]
+    mark = rule.mark_rule(color="#999999", strokeDash=[4, 3]).encode(x="pool_gib:Q", tooltip=rule_tips)
+    # The label sits at a 70 % hit rate, clear of the curves: the synthetic ones run above it right of the rule,
+    # Mooncake's far below.
+    text = rule.mark_text(align="left", dx=4, baseline="middle", fontSize=10, color="#666666").encode(
+        x="pool_gib:Q", y=alt.datum(0.7), text="label:N")
     return alt.layer(lines, ring, mark, text).properties(width=300, height=230)
 
 
 def _ttft_bars(grid, at_pool):
-    """Right panel of :func:`pool_chart`: median and P99 TTFT, caching on and off, at the chosen workload and pool."""
+    """Right panel of :func:`pool_chart`: median and P99 TTFT, caching on and off, at the chosen workload and pool.
+    The axis is in seconds (Mooncake's P99 runs to seconds); each bar reads in ms below 10 s, in s above."""
     long = grid.melt(id_vars=["workload", "caching", "log2_pool_gib", "pool_gib", "prefix_cache_hit_rate"],
                      value_vars=["median_ttft_ms", "p99_ttft_ms"], var_name="stat", value_name="ttft_ms")
     long["stat"] = long["stat"].map({"median_ttft_ms": "median", "p99_ttft_ms": "P99"})
     long["cache"] = np.where(long["caching"], "caching on", "caching off")
-    chosen = alt.Chart(long).transform_filter(f"datum.workload == workload_pick && {at_pool}")
+    long["ttft_s"] = long["ttft_ms"] / 1e3
+    chosen = alt.Chart(long).transform_filter(f"datum.workload == workload_pick && {at_pool}").transform_calculate(
+        ttft_text=viz.duration_text("ttft_ms"))
     x = alt.X("stat:N", title=None, sort=["median", "P99"], axis=alt.Axis(labelAngle=0))
-    y = alt.Y("ttft_ms:Q", title="time to first token (ms)")
+    y = alt.Y("ttft_s:Q", title="time to first token (s)")
     order = ["caching off", "caching on"]
+    offset = alt.XOffset("cache:N", sort=order)
+    tips = [viz.tip("cache", "prefix caching", kind="N"), viz.tip("stat", "statistic", kind="N"),
+            viz.tip("ttft_text", "time to first token", kind="N"),
+            viz.tip("prefix_cache_hit_rate", "prefix-cache hit rate", ".1%")]
     bars = chosen.mark_bar().encode(
-        x=x, y=y, xOffset=alt.XOffset("cache:N", sort=order),
+        x=x, y=y, xOffset=offset, tooltip=tips,
         color=alt.Color("cache:N", title=None, sort=order, legend=alt.Legend(orient="bottom"),
-                        scale=alt.Scale(domain=order, range=["#bbbbbb", "#555555"])),
-        tooltip=["cache:N", "stat:N", alt.Tooltip("ttft_ms:Q", format=",.0f"),
-                 alt.Tooltip("prefix_cache_hit_rate:Q", format=".1%")])
-    text = chosen.mark_text(dy=-4, baseline="bottom", fontSize=9).encode(
-        x=x, xOffset=alt.XOffset("cache:N", sort=order), y=y, text=alt.Text("ttft_ms:Q", format=",.0f"))
-    return alt.layer(bars, text).properties(width=190, height=230)
+                        scale=alt.Scale(domain=order, range=["#bbbbbb", "#555555"])))
+    text = chosen.mark_text(dy=-4, baseline="bottom", fontSize=9).encode(x=x, xOffset=offset, y=y,
+                                                                          text="ttft_text:N")
+    return alt.layer(bars, text).properties(width=240, height=230)
 
 
 # -- the budget trade, cached or not ---------------------------------------------------------------------------
+@facts.memo
 def budget_sweep(cost, requests: Requests, max_num_batched_tokens, caching=(True, False), **knobs) -> pd.DataFrame:
-    """One workload at each token budget, prefix caching on and off: TTFT and the decoders' P99 ITL.
+    """One workload at each token budget, prefix caching on and off: TTFT and the decoders' P99 ITL (cached on
+    disk: :func:`facts.memo`).
 
     Used in chapter 10. Returns one row per run: ``caching``, ``max_num_batched_tokens``, ``log2_tokens`` and
     :data:`RUN_KEYS` (ITL percentiles from the streaming summary, ``record_tokens=False``).
@@ -358,29 +458,108 @@ def budget_sweep(cost, requests: Requests, max_num_batched_tokens, caching=(True
 
 
 def budget_chart(points: pd.DataFrame):
-    """Chapter 06's trade on a loaded server: P99 ITL against P99 TTFT, one line per caching setting, one point per
-    budget (labelled in tokens). Used in chapter 10."""
+    """Chapter 6's trade on a loaded server, with and without the cache: the P99 inter-token latency (left) and
+    the P99 time to first token (right) against the token budget, one line per caching setting. Budgets sit on
+    the x axis, so no point needs a label. Used in chapter 10."""
     df = points.assign(cache=np.where(points["caching"], "caching on", "caching off"))
-    # Budgets whose points coincide on the chart (within 1 % on both axes) share one label ("2,048 to 8,192").
-    df["_x"], df["_y"] = np.round(np.log10(df["p99_ttft_ms"]) * 230), np.round(np.log10(df["p99_itl_ms"]) * 230)
-    same = df.groupby(["cache", "_x", "_y"])["max_num_batched_tokens"]
-    lo, hi = same.transform("min"), same.transform("max")
-    df["budgets"] = [f"{a:,}" if a == b else f"{a:,} to {b:,}" for a, b in zip(lo, hi)]
-    df["first"] = df["max_num_batched_tokens"] == lo
-    df = df.drop(columns=["_x", "_y"])
-    x = alt.X("p99_ttft_ms:Q", title="P99 time to first token (ms, log scale)",
-              scale=alt.Scale(type="log", nice=False, padding=14),
-              axis=alt.Axis(values=viz.log_ticks(df["p99_ttft_ms"]), format=","))
-    y = alt.Y("p99_itl_ms:Q", title="P99 inter-token latency (ms, log scale)",
-              scale=alt.Scale(type="log", nice=False, padding=14),
-              axis=alt.Axis(values=viz.log_ticks(df["p99_itl_ms"]), format=","))
+    budgets = sorted(df["max_num_batched_tokens"].unique().tolist())
+    x = alt.X("max_num_batched_tokens:Q", title="max_num_batched_tokens (tokens, log scale)",
+              scale=alt.Scale(type="log", base=2, nice=False, padding=10),
+              axis=alt.Axis(values=budgets, format=",", labelAngle=0))
     color = alt.Color("cache:N", title=None, scale=alt.Scale(domain=["caching off", "caching on"],
                                                             range=[viz.PALETTE[3], viz.PALETTE[0]]),
                       legend=alt.Legend(orient="bottom"))
-    tips = ["cache:N", "max_num_batched_tokens:Q", alt.Tooltip("p99_ttft_ms:Q", format=",.0f"),
-            alt.Tooltip("p99_itl_ms:Q", format=".1f"), alt.Tooltip("prefix_cache_hit_rate:Q", format=".1%")]
-    base = alt.Chart(df).encode(x=x, y=y, color=color, tooltip=tips)
-    line = base.mark_line(point=True).encode(order="max_num_batched_tokens:Q")
-    text = base.transform_filter("datum.first").mark_text(align="left", dx=7, dy=-7, fontSize=10).encode(
-        text="budgets:N")
-    return alt.layer(line, text).properties(width=440, height=260)
+    tips = [viz.tip("cache", "prefix caching", kind="N"),
+            viz.tip("max_num_batched_tokens", "max_num_batched_tokens (tokens)", ","),
+            viz.tip("p99_itl_ms", "P99 inter-token latency (ms)", ",.1f"),
+            viz.tip("p99_ttft_ms", "P99 time to first token (ms)", ",.0f"),
+            viz.tip("prefix_cache_hit_rate", "prefix-cache hit rate", ".1%")]
+    base = alt.Chart(df).encode(x=x, color=color, tooltip=tips)
+
+    def panel(field: str, title: str):
+        y = alt.Y(f"{field}:Q", title=title, scale=alt.Scale(type="log", nice=False, padding=10),
+                  axis=alt.Axis(values=viz.log_ticks(df[field]), format=","))
+        return base.mark_line(point=True).encode(y=y, order="max_num_batched_tokens:Q").properties(
+            width=250, height=220)
+
+    return alt.hconcat(panel("p99_itl_ms", "P99 inter-token latency (ms, log scale)"),
+                       panel("p99_ttft_ms", "P99 time to first token (ms, log scale)"))
+
+
+# -- facts other pages glue (batchlab.chapters.facts), from the chapter's own setting ---------------------------
+def chapter_sweep() -> pd.DataFrame:
+    """:func:`pool_sweep` of :func:`chapter_workloads` on :data:`POOLS_GIB` and vLLM's pool (cached on disk): the
+    page's sweep. Used by the facts below."""
+    return pool_sweep(chapter_cost(), chapter_workloads(), POOLS_GIB + [None])
+
+
+def chapter_full_load() -> pd.DataFrame:
+    """The page's closed-loop runs on vLLM's pool (cached on disk): the first :data:`N_TRACE_FULL_LOAD` requests
+    of Mooncake's trace at its recorded rate and the shared system prompts all at once, :data:`N_CLIENTS`
+    clients. Used by the facts below and in chapter 10."""
+    loads = {MOONCAKE: mooncake_requests(limit=N_TRACE_FULL_LOAD),
+             SHARED_NAME: shared_prefix(N_REQUESTS, **{**SHARED, "rate_req_s": np.inf}, seed=SEED)}
+    return pool_sweep(chapter_cost(), loads, [None], max_concurrency=N_CLIENTS)
+
+
+def chapter_budgets() -> pd.DataFrame:
+    """:func:`budget_sweep` of the chats on :data:`MAX_NUM_BATCHED_TOKENS` (cached on disk): the page's."""
+    return budget_sweep(chapter_cost(), chapter_workloads()[CHATS_NAME], MAX_NUM_BATCHED_TOKENS,
+                        max_num_seqs=MAX_NUM_SEQS)
+
+
+@facts.fact("prefix_pool_gib", scene=SCENE, unit="GiB", fmt=".1f", chapter="prefix_caching",
+            text="the KV pool vLLM 0.33 gives Llama-3.1-8B (or Llama-3-8B) in BF16 on one H100 SXM with its "
+                 "defaults, gpu_memory_utilization 0.92, in GiB (the null block left out)")
+def _pool_gib():
+    cost = chapter_cost()
+    return float((cost.kv_pool_blocks() - 1) * 16 * cost.kv_bytes_per_token / GIB)
+
+
+@facts.fact("prefix_moon_hit", scene=SCENE, fmt=".1%", chapter="prefix_caching",
+            text="the prefix-cache hit rate of Mooncake's conversation trace (replayed 5 times slower) on vLLM's "
+                 "own KV pool of one H100 SXM, Llama-3.1-8B BF16")
+def _moon_hit():
+    return float(at_default_pool(chapter_sweep()).loc[(MOONCAKE, True), "prefix_cache_hit_rate"])
+
+
+@facts.fact("prefix_moon_bound", scene=SCENE, fmt=".1%", chapter="prefix_caching",
+            text="the share of Mooncake's conversation-trace prompt tokens a KV pool that never evicts would find "
+                 "cached (prompt blocks only, whole 16-token blocks, never a prompt's last token)")
+def _moon_bound():
+    return float(cached_bound(chapter_workloads()[MOONCAKE]))
+
+
+@facts.fact("prefix_moon_half_pool_gib", scene=SCENE, unit="GiB", fmt=",.0f", chapter="prefix_caching",
+            text="the smallest KV pool of the chapter's grid (powers of two, GiB) on which Mooncake's conversation "
+                 "trace finds half of the prompt tokens that recur (half of prefix_moon_bound)")
+def _moon_half_pool():
+    return half_bound_pool(chapter_sweep(), MOONCAKE, _moon_bound())
+
+
+@facts.fact("prefix_moon_half_ratio", scene=SCENE, fmt=".0f", chapter="prefix_caching",
+            text="prefix_moon_half_pool_gib over the KV pool vLLM gives the cache on one H100 SXM (times)")
+def _moon_half_ratio():
+    return _moon_half_pool() / _pool_gib()
+
+
+@facts.fact("prefix_sp_ttft_factor", scene=SCENE, fmt=".1f", chapter="prefix_caching",
+            text="how many times lower the median time to first token of 64 shared 4,096-token system prompts "
+                 "(2,000 requests, Poisson at 4 req/s) is with prefix caching on, on vLLM's pool of one H100 SXM")
+def _sp_ttft_factor():
+    return ttft_factor(chapter_sweep(), SHARED_NAME)
+
+
+@facts.fact("prefix_sp_throughput_factor", scene=SCENE, fmt=".1f", chapter="prefix_caching",
+            text="how many times more requests per second a full server (32 closed-loop clients) completes on the "
+                 "shared system prompts with prefix caching on, vLLM's pool of one H100 SXM")
+def _sp_throughput_factor():
+    sat = chapter_full_load().set_index(["workload", "caching"])["request_throughput"]
+    return float(sat[(SHARED_NAME, True)] / sat[(SHARED_NAME, False)])
+
+
+@facts.fact("prefix_chat_flat_budget", scene=SCENE, unit="tokens", fmt=",", chapter="prefix_caching",
+            text="the token budget from which every larger max_num_batched_tokens gives the same P99 TTFT and P99 "
+                 "ITL on the multi-turn chats with prefix caching on (one H100 SXM, vLLM's pool)")
+def _chat_flat_budget():
+    return flat_budget(chapter_budgets())

@@ -98,6 +98,20 @@ SCENES = _scenes(
           "the trace's length distributions (drawn independently) and a gamma renewal of its burstiness "
           "(inter-arrival CV about 13, seed 0)", "llama-3-8b", "h100-sxm", workload="azure-code-2023",
           n_requests=3000, short="Llama-3-8B BF16, one H100 SXM, Azure code traffic (synthetic bursts)"),
+    Scene("prefix", "Llama-3.1-8B (Llama-3-8B's weights and shapes, a 131,072-token context) in BF16 on one H100 "
+          "SXM with vLLM's defaults, prefix caching on and off: Mooncake's conversation trace (its recorded arrivals "
+          "and block ids, replayed 5 times slower), and two synthetic workloads, 2,000 requests over 64 shared "
+          "system prompts of 4,096 tokens (Poisson arrivals at 4 req/s) and 200 eight-turn chats", "llama-3.1-8b",
+          "h100-sxm", short="Llama-3.1-8B BF16, one H100 SXM, Mooncake's trace and shared-prefix workloads"),
+    Scene("fleet", "Llama-3-8B in BF16 on four H100 SXM GPUs, one engine each, vLLM's defaults but for the knobs "
+          "named: three synthetic workloads with the prompt and output lengths of public traces (ShareGPT, arXiv "
+          "summarisation, Azure's 2023 code trace; prompt and output drawn independently from each trace's "
+          "quantiles) and Poisson arrivals, 30 s of traffic per run (at least 300 requests, seed 0)", "llama-3-8b",
+          "h100-sxm", short="Llama-3-8B BF16, four H100 SXM, Poisson arrivals"),
+    Scene("routing", "Llama-3.1-8B in BF16 on four H100 SXM replicas behind a router, vLLM's defaults: Mooncake's "
+          "conversation trace at its recorded rate, and 6,000 synthetic requests over 256 shared system prompts of "
+          "4,096 tokens (Poisson arrivals at 20 req/s, seed 0)", "llama-3.1-8b", "h100-sxm",
+          short="Llama-3.1-8B BF16, four H100 SXM replicas behind a router"),
 )
 
 

@@ -1,6 +1,7 @@
 """Chapter 11 (one engine or two kinds): the configurations, goodput read from a rate grid (interpolated where the
 SLO attainment crosses 90 %), the winners table, the grid on an executor equal to the grid run here, the KV
-transfer table, the routing table, and the chart's spec (workload and SLO radio buttons, the SLO labelled in ms)."""
+transfer table, the routing table, the chart's spec (workload and SLO radio buttons, the SLO labelled in ms, every
+tooltip titled in words) and the facts other pages quote."""
 from __future__ import annotations
 
 import re
@@ -13,6 +14,7 @@ from spec_helpers import marks, walk
 
 import batchlab as bl
 from batchlab.chapters import disaggregation as chapter
+from batchlab.chapters import facts
 
 
 @pytest.fixture(scope="module")
@@ -32,6 +34,8 @@ def test_configs_cover_every_split():
     c = chapter.configs(4)
     assert [k for k in c if not k.startswith("colocated")] == ["1P + 3D", "2P + 2D", "3P + 1D"]
     assert c[chapter.WHOLE]["knobs"]["enable_chunked_prefill"] is False
+    assert c[chapter.CHUNKED_DEFAULT]["knobs"] == {}  # vLLM's defaults
+    assert c[chapter.CHUNKED_SMALL]["knobs"]["max_num_batched_tokens"] == chapter.SMALL_BUDGET
     assert all(v["n_prefill"] == 0 for k, v in c.items() if k.startswith("colocated"))
 
 
@@ -98,12 +102,28 @@ def test_winners_and_chart(small_grid):
     assert all(" ms" in label for label in binds["slo_index"]["labels"])
     assert {p["name"]: p["value"] for p in spec["params"]}["slo_index"] == 1.0
     assert "bar" in marks(spec)
+    tips = [t for ts in walk({k: v for k, v in spec.items() if k != "datasets"}, "tooltip") for t in ts]
+    assert {t["field"] for t in tips} == {"config", "slo_label", "goodput_per_gpu", "goodput_req_s"}
+    titles = {t["field"]: t["title"] for t in tips}
+    assert titles["goodput_per_gpu"] == "goodput per GPU (req/s)" and titles["config"] == "configuration"
+    assert titles["goodput_req_s"] == "goodput, all 4 GPUs (req/s)"
+    assert all("_" not in t["title"] for t in tips)
+    assert spec["encoding"]["y"]["axis"]["labelLimit"] >= 200  # configuration names are not cut
+    with pytest.raises(ValueError, match="workload_name must be one of"):
+        chapter.goodput_chart(table, workload_name="chat")
     filters = [f for f in walk(spec, "filter") if isinstance(f, str)]
     assert any("workload_pick" in f and "slo_index" in f for f in filters)
     # Every field a filter reads is a column of the chart's data (else the chart draws nothing).
     columns = {k for rows in spec["datasets"].values() for row in rows for k in row}
     read = {m for f in filters for m in re.findall(r"datum\['(\w+)'\]|datum\.(\w+)", f) for m in m if m}
     assert read and read <= columns, read - columns
+
+
+def test_goodput_grid_refuses_unknown_workloads(cost):
+    with pytest.raises(ValueError, match="unknown workloads"):
+        chapter.goodput_grid(cost, {"chat": [1.0]}, n_gpus=2)
+    with pytest.raises(ValueError, match="at least one rate"):
+        chapter.goodput_grid(cost, {"code": []}, n_gpus=2)
 
 
 def test_transfer_table_is_bytes_over_bandwidth(cost):
@@ -123,3 +143,18 @@ def test_routing_table(cost):
     assert list(t.index) == ["round robin", "least outstanding", "prefix aware"]
     assert t.loc["round robin", "imbalance"] == pytest.approx(1.0)
     assert t.loc["prefix aware", "prefix_cache_hit_rate"] > t.loc["round robin", "prefix_cache_hit_rate"]
+
+
+def test_facts_are_the_chapter_runs():
+    """The facts read the page's grid and routing runs (cached on disk: one run for the chapter and its readers)."""
+    win = chapter.chapter_winners()
+    counts = [facts.value(f"disagg_{k}_cells") for k in ("colocated", "split", "tie")]
+    assert sum(counts) == facts.value("disagg_cells") == len(chapter.WORKLOADS) * len(chapter.SLOS) == len(win)
+    assert facts.value("disagg_code_tight_split") in chapter.configs(chapter.N_GPUS)
+    assert facts.value("disagg_code_tight_gain") == pytest.approx(
+        win.loc[("code", 0), "best_split"] / win.loc[("code", 0), "best_colocated"])
+    assert facts.value("disagg_tight_slo") == chapter.slo_label(*chapter.SLOS[0]) == "TTFT 250 ms, TPOT 10 ms"
+    r = chapter.chapter_routing()
+    assert facts.value("disagg_router_sp_ttft_factor") > 1
+    assert r.loc[("shared system prompts", "prefix aware"), "prefix_cache_hit_rate"] > r.loc[
+        ("shared system prompts", "round robin"), "prefix_cache_hit_rate"]

@@ -1,6 +1,7 @@
 """Chapter 10 (prefix caching): the offline copy of Mooncake's trace, the analytic hit rate of the synthetic
-workloads against the simulator, the hit rate growing with the pool, the reuse gaps, and the charts' specs (the
-workload and pool radio buttons labelled in GiB, the coinciding budgets sharing a label)."""
+workloads against the simulator, the hit rate growing with the pool, the reuse gaps, the readings of a sweep
+(half the bound, the TTFT factor, where the budget stops mattering), the facts, and the charts' specs (a pool
+slider labelled in GiB and workload buttons; the budget on the x axis; every tooltip titled in words)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,6 +15,8 @@ from rawdata import raw_folder
 from spec_helpers import axis_titles, marks, walk
 
 import batchlab as bl
+from batchlab import viz
+from batchlab.chapters import facts
 from batchlab.chapters import prefix_caching as chapter
 
 
@@ -151,47 +154,130 @@ def small_sweep(cost):
     return chapter.pool_sweep(cost, workloads, [16, 32, 64, None])
 
 
+def tooltip_fields(spec) -> list[dict]:
+    """Every tooltip field of a spec (layers and concats)."""
+    found = []
+    for tips in walk({k: v for k, v in spec.items() if k != "datasets"}, "tooltip"):
+        for t in tips if isinstance(tips, list) else [tips]:
+            found.append(t if isinstance(t, dict) else {"field": t})
+    return found
+
+
+def assert_tooltips_in_words(spec):
+    tips = tooltip_fields(spec)
+    assert tips
+    for t in tips:
+        assert isinstance(t.get("title"), str) and t["title"].strip(), t
+        bare = [w for w in t["title"].replace("max_num_batched_tokens", "").split() if "_" in w]
+        assert not bare, t  # no code names but vLLM's knob
+        if t["field"].endswith(("_ms", "_s", "_gib", "_tokens")):
+            assert "(" in t["title"], t  # the unit
+
+
 def test_pool_chart_spec(small_sweep):
     spec = chapter.pool_chart(small_sweep, 55.8, pool_gib=32).to_dict()
     assert len(spec["hconcat"]) == 2 and spec["resolve"]["scale"]["color"] == "independent"
     binds = {p["name"]: p["bind"] for p in spec["params"]}
     assert binds["workload_pick"]["input"] == "radio"
     assert binds["workload_pick"]["options"] == ["shared system prompts", "multi-turn chats"]
-    assert binds["log2_pool_gib"]["input"] == "radio" and binds["log2_pool_gib"]["labels"] == ["16 GiB", "32 GiB",
-                                                                                                "64 GiB"]
+    # The pool is a slider, one step per doubling, its value shown in GiB.
+    assert binds["log2_pool_gib"]["input"] == "range"
+    assert (binds["log2_pool_gib"]["min"], binds["log2_pool_gib"]["max"], binds["log2_pool_gib"]["step"]) == (4, 6, 1)
+    assert viz._slider_labels(spec)["log2_pool_gib"]["labels"] == ["16 GiB", "32 GiB", "64 GiB"]
     start = {p["name"]: p["value"] for p in spec["params"]}
     assert start["log2_pool_gib"] == 5.0 and start["workload_pick"] == "shared system prompts"
     assert {"line", "point", "rule", "text", "bar"} <= marks(spec)
-    assert {"prefix-cache hit rate", "time to first token (ms)", "KV pool (log scale)"} <= set(axis_titles(spec))
+    assert {"prefix-cache hit rate", "time to first token (s)", "KV pool (log scale)"} <= set(axis_titles(spec))
     # Both panels filter on the two controls; the default pool is a rule, not a grid point.
     filters = [f for f in walk(spec, "filter") if isinstance(f, str)]
     assert any("workload_pick" in f and "log2_pool_gib" in f for f in filters)
     assert all(not v for data in spec["datasets"].values() for row in data for k, v in row.items()
                if k == "default_pool")
+    assert_tooltips_in_words(spec)
+    # The bars read their TTFT in ms below 10 s and in s above (the axis is in seconds).
+    assert any(c.get("as") == "ttft_text" for c in walk(spec, "transform") for c in c if isinstance(c, dict))
+    with pytest.raises(ValueError, match="workload must be one of"):
+        chapter.pool_chart(small_sweep, 55.8, workload="chats")
 
 
 def test_gain_and_other_tables(small_sweep):
-    html = chapter.gain_table(small_sweep[small_sweep["default_pool"]]).to_html()
-    assert "P99 TTFT, on (ms)" in html and "multi-turn chats" in html
-    html = chapter.preemption_table(small_sweep, "multi-turn chats", [16, 32]).to_html()
-    assert "tokens recomputed, off" in html
+    shown = chapter.gain_table(small_sweep[small_sweep["default_pool"]]).data
+    assert shown.columns.tolist() == ["workload", "prefix caching", "hit rate", "median TTFT (ms)", "P99 TTFT (ms)",
+                                      "GPU busy"]
+    assert shown["prefix caching"].tolist() == ["off", "on"] * 2  # each workload off, then on
+    assert shown["workload"].tolist() == ["shared system prompts"] * 2 + ["multi-turn chats"] * 2
+    assert (shown["hit rate"].to_numpy()[::2] == 0).all()  # off finds nothing
+    shown = chapter.preemption_table(small_sweep, "multi-turn chats", [16, 32]).data
+    assert shown["KV pool (GiB)"].tolist() == [16, 16, 32, 32] and "tokens recomputed" in shown
+    assert "throughput (req/s)" in chapter.throughput_table(small_sweep[small_sweep["default_pool"]]).data
     table = chapter.workload_table({"w": bl.shared_prefix(40, 2, 2, 64, 16, 4, rate_req_s=2.0, seed=0)})
     assert table.loc[0, "n_requests"] == 40 and table.loc[0, "prompt_tokens"] == 80
     assert table.loc[0, "bound"] == pytest.approx(shared_prefix_hit_rate(40, 2, 2, 64, 16))
 
 
-def test_budget_chart_spec_shares_labels_of_coinciding_budgets():
+def test_budget_chart_spec_puts_the_budget_on_the_axis():
     rows = [(True, b, 22.0, 55.0) for b in (2048, 4096, 8192)] + [(True, 512, 15.0, 65.0)]
-    rows += [(False, b, 10.0 * b / 256, 600.0 + 256e3 / b) for b in (256, 1024, 4096)]
+    rows += [(False, b, 10.0 * b / 256, 600.0 + 256e3 / b) for b in (512, 2048, 4096, 8192)]
     points = pd.DataFrame(rows, columns=["caching", "max_num_batched_tokens", "p99_itl_ms", "p99_ttft_ms"])
     points["prefix_cache_hit_rate"] = np.where(points["caching"], 0.8, 0.0)
     spec = chapter.budget_chart(points).to_dict()
-    assert {"line", "text"} <= marks(spec) and spec["layer"][0]["mark"]["point"] is True
-    scales = [e[ch]["scale"]["type"] for e in walk(spec, "encoding") for ch in ("x", "y")
-              if ch in e and "scale" in e[ch]]
-    assert scales and set(scales) == {"log"}
-    data = next(iter(spec["datasets"].values()))
-    labels = {row["budgets"] for row in data if row["first"]}
-    assert labels == {"2,048 to 8,192", "512", "256", "1,024", "4,096"}
+    assert len(spec["hconcat"]) == 2 and "text" not in marks(spec)  # no label can overlap another
+    assert all(p["mark"]["point"] is True for p in spec["hconcat"])
+    xs = [p["encoding"]["x"] for p in spec["hconcat"]]
+    assert all(x["field"] == "max_num_batched_tokens" and x["scale"]["type"] == "log" for x in xs)
+    assert all(x["axis"]["values"] == [512, 2048, 4096, 8192] and x["axis"]["format"] == "," for x in xs)
+    assert {p["encoding"]["y"]["field"] for p in spec["hconcat"]} == {"p99_itl_ms", "p99_ttft_ms"}
+    assert {p["encoding"]["y"]["scale"]["type"] for p in spec["hconcat"]} == {"log"}
     assert {"P99 time to first token (ms, log scale)", "P99 inter-token latency (ms, log scale)"} <= set(
         axis_titles(spec))
+    assert_tooltips_in_words(spec)
+
+
+# -- readings of a sweep, and the facts --------------------------------------------------------------------------
+def test_half_bound_pool_and_ttft_factor(small_sweep):
+    grid = pd.DataFrame({"workload": "w", "caching": [True, True, True, False], "default_pool": False,
+                         "pool_gib": [32.0, 16.0, 64.0, 16.0], "prefix_cache_hit_rate": [0.2, 0.1, 0.4, 0.0]})
+    assert chapter.hit_curve(grid, "w").tolist() == [0.1, 0.2, 0.4]  # caching on, sorted by pool
+    assert chapter.half_bound_pool(grid, "w", 0.4) == 32  # reached exactly at 32 GiB
+    assert chapter.half_bound_pool(grid, "w", 0.39) == 32 and chapter.half_bound_pool(grid, "w", 0.41) == 64
+    assert chapter.half_bound_pool(grid, "w", 0.2) == 16
+    assert np.isnan(chapter.half_bound_pool(grid, "w", 0.81))
+    at = chapter.at_default_pool(small_sweep)
+    f = chapter.ttft_factor(small_sweep, "multi-turn chats", "p99_ttft_ms")
+    assert f == at.loc[("multi-turn chats", False), "p99_ttft_ms"] / at.loc[("multi-turn chats", True), "p99_ttft_ms"]
+    assert f > 1  # the cache lowers the chats' TTFT
+    with pytest.raises(ValueError, match="vLLM's own pool"):
+        chapter.at_default_pool(small_sweep[~small_sweep["default_pool"]])
+    with pytest.raises(ValueError, match="no run with caching on"):
+        chapter.hit_curve(small_sweep, "nothing")
+
+
+def test_flat_budget_is_where_the_runs_stop_changing():
+    def runs(itl):
+        return pd.DataFrame({"caching": True, "max_num_batched_tokens": [256, 512, 1024, 2048],
+                             "p99_itl_ms": itl, "p99_ttft_ms": 50.0})
+    assert chapter.flat_budget(runs([10.0, 20.0, 22.0, 22.0])) == 1024
+    assert chapter.flat_budget(runs([22.0, 20.0, 22.0, 22.0])) == 1024  # equal again later is not flat
+    assert chapter.flat_budget(runs([22.0] * 4)) == 256
+    assert chapter.flat_budget(runs([10.0, 20.0, 21.0, 22.0])) == 2048
+    with pytest.raises(ValueError, match="caching=False"):
+        chapter.flat_budget(runs([1.0] * 4), caching=False)
+
+
+def test_pool_blocks_refuses_an_empty_pool(cost):
+    with pytest.raises(ValueError, match="pool_gib"):
+        chapter.pool_blocks(cost, 0)
+
+
+def test_facts_are_the_chapter_runs():
+    """The facts read the chapter's own runs: the half-bound pool is the first grid pool at half the bound."""
+    sweep = chapter.chapter_sweep()
+    bound = facts.value("prefix_moon_bound")
+    curve = chapter.hit_curve(sweep, chapter.MOONCAKE)
+    half = facts.value("prefix_moon_half_pool_gib")
+    assert curve[half] >= bound / 2 > curve[curve.index < half].max()
+    assert facts.value("prefix_moon_half_ratio") == pytest.approx(half / facts.value("prefix_pool_gib"))
+    assert facts.value("prefix_moon_hit") < bound  # vLLM's pool finds a fraction of what recurs
+    assert facts.value("prefix_sp_ttft_factor") > 2 and facts.value("prefix_sp_throughput_factor") > 2
+    assert facts.value("prefix_chat_flat_budget") in chapter.MAX_NUM_BATCHED_TOKENS
+    assert facts.get("prefix_moon_hit").chapter == "prefix_caching"

@@ -1,0 +1,83 @@
+"""Chapter 10's pool chart in a real browser: the pool slider shows its value in GiB and TiB, and moving it, or
+picking another workload, redraws the TTFT bars with that run's numbers (ms below 10 s, s above), which the
+tooltips title in words.
+
+Needs the built book (``make book``, or ``scripts/build_pages.py notebooks/10_prefix_caching`` with
+``BATCHLAB_BOOK_HTML``) and Debian's Chromium; fixtures ``site`` and ``browser`` are in ``tests/conftest.py``.
+"""
+from __future__ import annotations
+
+import pytest
+from bookpage import Visit, chart_texts, set_range
+
+from batchlab.chapters import prefix_caching as chapter
+
+pytestmark = pytest.mark.browser
+
+PAGE = "notebooks/10_prefix_caching"
+
+
+@pytest.fixture
+def page(site, browser):
+    v = Visit(browser, f"{site}/{PAGE}.html")
+    yield v
+    v.close()
+
+
+def _changed(v, chart, act) -> None:
+    """Do ``act()`` and wait until the chart's svg differs."""
+    before = chart.locator("svg").first.inner_html()
+    act()
+    v.page.wait_for_function("([id, old]) => document.querySelector('#' + id + ' svg').innerHTML !== old",
+                             arg=[chart.get_attribute("id"), before], timeout=10_000)
+
+
+def _duration(ms: float) -> str:
+    """What viz.duration_text shows for ``ms``."""
+    if ms < 10:
+        return f"{ms:.2f} ms"
+    if ms < 10_000:
+        return f"{ms:,.0f} ms"
+    return f"{ms / 1e3:,.1f} s" if ms < 100_000 else f"{ms / 1e3:,.0f} s"
+
+
+def _bar_labels(workload: str, pool_gib: float) -> list[str]:
+    """The four bar labels the chart should show for this workload and pool (the page's sweep, from the cache)."""
+    runs = chapter.chapter_sweep()
+    runs = runs[(runs["workload"] == workload) & ~runs["default_pool"] & (runs["pool_gib"] == pool_gib)]
+    return sorted(_duration(v) for v in runs[["median_ttft_ms", "p99_ttft_ms"]].to_numpy().ravel())
+
+
+def _shown_bars(chart) -> list[str]:
+    return sorted(t for t in chart_texts(chart) if t.endswith((" ms", " s")) and t[0].isdigit())
+
+
+def test_pool_slider_and_workload_buttons(page):
+    chart = page.chart(0)
+    slider = chart.locator(".vega-bindings input[type=range][name=log2_pool_gib]")
+    assert slider.count() == 1
+    shown = slider.locator("xpath=following-sibling::*[1]")  # the slider's value, in GiB
+    assert shown.inner_text() == "64 GiB"
+    assert _shown_bars(chart) == _bar_labels(chapter.MOONCAKE, 64)
+
+    _changed(page, chart, lambda: set_range(slider, 11))  # 2^11 GiB
+    assert shown.inner_text() == "2 TiB"
+    assert _shown_bars(chart) == _bar_labels(chapter.MOONCAKE, 2048)
+
+    buttons = chart.locator(".vega-bindings input[type=radio]")
+    assert [buttons.nth(i).get_attribute("value") for i in range(buttons.count())] == [
+        chapter.MOONCAKE, chapter.SHARED_NAME, chapter.CHATS_NAME]
+    _changed(page, chart, lambda: buttons.nth(1).check())
+    assert _shown_bars(chart) == _bar_labels(chapter.SHARED_NAME, 2048)
+
+
+def test_bars_and_points_answer_a_hover_in_words(page):
+    chart = page.chart(0)
+    chart.locator("g.mark-rect path").first.hover()
+    page.page.wait_for_timeout(300)
+    tip = page.page.locator("#vg-tooltip-element").inner_text()
+    assert "prefix caching" in tip and "time to first token" in tip and "_" not in tip
+    chart.locator("g.mark-symbol path").nth(3).hover(force=True)
+    page.page.wait_for_timeout(300)
+    tip = page.page.locator("#vg-tooltip-element").inner_text()
+    assert "KV pool (GiB)" in tip and "prefix-cache hit rate" in tip and "_" not in tip
