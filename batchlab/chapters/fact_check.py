@@ -133,33 +133,39 @@ def tradeoff_chart(trade: pd.DataFrame, width: int = 420, height: int = 260):
 
     Returns
     -------
-    altair chart; buttons labelled with the budget in tokens (the parameter holds its log2) ring the chosen
-    point and read its numbers; the decoders' cadence before the prompt arrived is a dashed rule.
+    altair chart; a slider over the budget, shown in tokens (the parameter holds its log2), rings the chosen
+    point and reads its numbers; the decoders' cadence before the prompt arrived is a dashed rule.
     """
     param, at = viz.grid_param("log2_tokens", trade["log2_tokens"], "max_num_batched_tokens (tokens)",
                                value=float(trade["log2_tokens"].max()),
                                labels=viz.grid_labels(trade, "log2_tokens", "max_num_batched_tokens"))
     ms = trade.assign(ttft_ms=trade["ttft_s"] * 1e3, itl_max_ms=trade["itl_max_s"] * 1e3)
-    x = alt.X("ttft_ms:Q", title="newcomer's ttft (ms)", scale=alt.Scale(zero=False))
-    y = alt.Y("itl_max_ms:Q", title="tallest decoder gap (ms)", scale=alt.Scale(zero=True))
+    thousands = alt.Axis(format=",.0f")
+    x = alt.X("ttft_ms:Q", title="newcomer's TTFT (ms)", scale=alt.Scale(zero=False), axis=thousands)
+    top = float(trade["itl_max_s"].max() * 1e3 * 1.15)  # room above the tallest point for its label
+    y = alt.Y("itl_max_ms:Q", title="tallest decoder gap (ms)", scale=alt.Scale(domain=[0, top], nice=True),
+              axis=thousands)
     base = alt.Chart(ms[["max_num_batched_tokens", "log2_tokens", "ttft_ms", "itl_max_ms", "chunks"]]).encode(x=x, y=y)
-    tooltip = ["max_num_batched_tokens:Q", "chunks:Q", alt.Tooltip("ttft_ms:Q", format=".0f"),
-               alt.Tooltip("itl_max_ms:Q", format=".0f")]
+    tooltip = [viz.tip("max_num_batched_tokens", fmt=","),
+               viz.tip("chunks", "iterations that compute the prompt", ","),
+               viz.tip("ttft_ms", "newcomer's TTFT (ms)", ",.0f"),
+               viz.tip("itl_max_ms", "tallest decoder gap (ms)", ",.0f")]
     cadence = alt.Chart(pd.DataFrame({"itl_max_ms": [float(trade["cadence_s"].median() * 1e3)],
                                       "text": ["decode cadence before the prompt arrived"]}))
-    picked = base.transform_filter(at).transform_calculate(label=(
-        "format(datum.max_num_batched_tokens, ',') + ' tokens: ' + datum.chunks + ' chunk(s), ttft '"
-        " + format(datum.ttft_ms, ',.0f') + ' ms, gap ' + format(datum.itl_max_ms, ',.0f') + ' ms'"))
+    picked = base.transform_filter(at).transform_calculate(label=(  # two lines: room beside the top-left point
+        "format(datum.max_num_batched_tokens, ',') + ' tokens, ' + datum.chunks"
+        " + (datum.chunks == 1 ? ' chunk' : ' chunks') + '\\nTTFT ' + format(datum.ttft_ms, ',.0f') + ' ms, gap '"
+        " + format(datum.itl_max_ms, ',.0f') + ' ms'"))
     return alt.layer(
         base.mark_line(point=True, color=viz.PALETTE[0]).encode(order="max_num_batched_tokens:Q", tooltip=tooltip),
         base.mark_text(align="left", dx=7, dy=-7, color="#555555").encode(
             text=alt.Text("max_num_batched_tokens:Q", format=",")),
         cadence.mark_rule(color="#888888", strokeDash=[4, 3]).encode(y="itl_max_ms:Q"),
-        cadence.mark_text(align="left", baseline="bottom", dy=-3, color="#555555").encode(
+        cadence.mark_text(align="left", baseline="top", dy=3, color="#555555").encode(  # under the line
             x=alt.value(4), y="itl_max_ms:Q", text="text:N"),
         picked.mark_point(size=260, filled=False, color="black", strokeWidth=2),
-        picked.mark_text(align="right", baseline="top", fontWeight="bold").encode(
-            x=alt.value(width), y=alt.value(4), text="label:N"),
+        picked.mark_text(align="right", baseline="top", fontWeight="bold", lineBreak="\n").encode(
+            x=alt.value({"expr": "width"}), y=alt.value(4), text="label:N"),  # the plot's right edge, at any width
     ).properties(width=width, height=height).add_params(param)
 
 

@@ -1,10 +1,14 @@
-"""Chapter 13, validation: the calibrated cost model against measured H100 timings, and the simulator end to end
-against the figures vLLM published for v0.6.0.
+"""Chapter 13, validation: the calibrated cost model against measured H100 timings, the simulator end to end
+against the figures vLLM published for v0.6.0 and against measured runs of today's vLLM, and the book's own
+setup beside the measured runs closest to it.
 
 :func:`validation_frames` predicts every measured case twice (DESIGN's starting efficiencies, the calibrated
 ones) from :mod:`batchlab.calibrate`'s public loaders, which read the compact table shipped in ``data/``;
 :func:`parity_chart` draws a sample of them (:func:`parity_sample`). :func:`vllm_v060_runs` replays the
 ShareGPT preset at the blog's arrival rates and :func:`published_chart` draws it beside the published figures.
+:func:`e2e_parity_chart` draws every replayed end-to-end run (:func:`batchlab.validate.replay_all`);
+:func:`closest_runs` picks the runs nearest the book's setup and :func:`setup_frame` sets them beside the same
+traffic run on the book's setup. The serving terms other pages quote are facts registered at the end.
 """
 from __future__ import annotations
 
@@ -15,9 +19,13 @@ import pandas as pd
 from .. import calibrate, viz
 from ..models import get_model
 from ..sim import simulate
-from ..validate import calibration_runs
 from ..workload import Requests, preset
 from . import facts, scenes
+from .validation_e2e import (  # noqa: F401 - the whole-server part of the chapter, re-exported for its notebook
+    BOOK_SCENE, CLASS_PARAMS, E2E_METRICS, E2E_SETS, LOG_LABEL, SET_COLORS, _band_lines, ablation_style,
+    ablation_table, book_setup, book_setup_replay, closest_runs, e2e_error_table, e2e_headline, e2e_parity_chart,
+    e2e_parity_frame, prefill_share_needed, run_text, setup_error_table, setup_frame, setup_headline, setup_table,
+    within_sentence)
 
 # What each measured set is, as the page names it (the code names stay the keys of data/calibration_errors.csv).
 SET_NAMES = {
@@ -41,7 +49,7 @@ EFFICIENCY_NAMES = {
     "eta_memory": ("share of HBM bandwidth", 1.0),
     "eta_attn": ("attention share of peak FLOP/s", 1.0),
     "eta_elementwise": ("elementwise share of HBM bandwidth", 1.0),
-    "overhead_s": ("per-step overhead (ms)", 1e3),
+    "overhead_s": ("GPU's fixed cost per step (ms)", 1e3),
     "allreduce_latency_s": ("all-reduce latency (ms)", 1e3),
 }
 
@@ -80,7 +88,55 @@ def case_counts(cases: pd.DataFrame):
 
 
 PARITY_DESCRIPTORS = ("model", "op", "geometry", "tp", "workers", "tokens", "batch", "kv_len", "m", "k", "n",
-                      "size_bytes")  # the columns that name a measured case, in the order a label shows them
+                      "size_bytes")  # the columns that name a measured case
+# The measured models (vidur's folders) and LLMServingSim's operators, as a reader names them.
+VIDUR_MODELS = {"Llama-2-7b-hf": "Llama-2-7B", "Llama-2-70b-hf": "Llama-2-70B", "CodeLlama-34b-Instruct-hf":
+                "CodeLlama-34B", "internlm-20b": "InternLM-20B", "Qwen-72B": "Qwen-72B", "phi-2": "Phi-2"}
+OP_NAMES = {"q_proj": "query projection", "k_proj": "key projection", "v_proj": "value projection",
+            "o_proj": "output projection", "gate_proj": "gate projection", "up_proj": "up projection",
+            "down_proj": "down projection", "lm_head": "LM head", "attn": "attention",
+            "norms+rope+act": "norms, RoPE and SiLU", "forward": "whole forward pass"}
+
+
+def _bytes_text(size: float) -> str:
+    """A message size as a reader writes it: "2 KiB", "64 MiB"."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if size >= scale:
+            return f"{size / scale:,.3g} {unit}"
+    return f"{size:,.0f} B"
+
+
+def case_text(case) -> str:
+    """One measured case in words, for a tooltip: what ran, at which shape (chapter 13).
+
+    ``case`` is a row of :func:`validation_frames`' cases (a Series or a dict with ``set`` and its descriptors).
+    """
+    c = {k: v for k, v in dict(case).items() if not (isinstance(v, float) and np.isnan(v)) and v is not None}
+    code = str(c["set"]).removesuffix("_bf16_eta").removesuffix("_vllm_eta")
+    n = lambda key: f"{int(c[key]):,}"  # noqa: E731 - a count with separators
+    tokens = f"{n('tokens')} token{'' if c.get('tokens') == 1 else 's'}" if "tokens" in c else ""
+    heads = ""
+    if "geometry" in c:
+        q, kv, d = str(c["geometry"]).split("-")
+        heads = f"{q} query and {kv} KV heads of {d}"
+    tp = f", TP {n('tp')}" if "tp" in c and int(c["tp"]) > 1 else ""
+    if code in ("vidur_gemm", "vidur_elementwise"):
+        what = "four GEMMs" if code == "vidur_gemm" else "norms, RoPE, SiLU and add"
+        return f"{VIDUR_MODELS.get(c['model'], c['model'])}{tp}: one layer's {what}, {tokens}"
+    if code == "gemm_kernels_fp8":
+        return f"FP8 GEMM: {n('m')} tokens through a {n('k')} × {n('n')} weight"
+    if code == "decode_attn":
+        seqs = f"{n('batch')} sequence{'' if c['batch'] == 1 else 's'}"
+        return f"decode attention, {heads}{tp}: {seqs} at {n('kv_len')} cached tokens"
+    if code == "prefill_attn":
+        return f"prefill attention, {heads}: a {n('tokens')}-token prompt"
+    if code == "allreduce":
+        return f"all-reduce of {_bytes_text(float(c['size_bytes']))} over {n('workers')} GPUs"
+    if code.startswith("llmservingsim"):
+        return f"Llama-3.1-8B, eager: {OP_NAMES.get(c['op'], c['op'])}, {tokens}"
+    return set_name(str(c["set"]))
+
+
 STAGE_LABELS = {"before": "before calibration", "after": "after calibration"}
 GROUP_COLORS = {"fit": viz.PALETTE[0], "ridge": viz.PALETTE[1], "held out": viz.PALETTE[3]}
 
@@ -161,7 +217,7 @@ def parity_sample(cases: pd.DataFrame, per_set: int = 100) -> pd.DataFrame:
     """A few hundred cases per set for a parity chart: evenly spaced in measured time, plus each stage's worst.
 
     The same cases are kept in both stages, so the before and after panels show the same points. Adds
-    ``measured_ms``, ``predicted_ms`` and a ``case`` label (the descriptors that name the case). Used in
+    ``measured_ms``, ``predicted_ms`` and a ``case`` label (:func:`case_text`: the case in words). Used in
     chapter 13.
     """
     keep = []
@@ -172,9 +228,8 @@ def parity_sample(cases: pd.DataFrame, per_set: int = 100) -> pd.DataFrame:
         keep += [*first["case_id"].iloc[pick], *worst]
     out = cases[cases["case_id"].isin(keep)].copy()
     out["measured_ms"], out["predicted_ms"] = out["measured_s"] * 1e3, out["predicted_s"] * 1e3
-    cols = [c for c in PARITY_DESCRIPTORS if c in out.columns]
-    out["case"] = [", ".join(f"{c} {v:g}" if isinstance(v, float) else f"{c} {v}" for c, v in zip(cols, row)
-                             if not pd.isna(v)) for row in out[cols].itertuples(index=False)]
+    cols = ["set", *(c for c in PARITY_DESCRIPTORS if c in out.columns)]
+    out["case"] = [case_text(dict(zip(cols, row))) for row in out[cols].itertuples(index=False)]
     columns = ["case_id", "set", "group", "stage", "case", "measured_ms", "predicted_ms", "rel_err"]
     return out[columns].reset_index(drop=True)
 
@@ -301,21 +356,6 @@ def published_comparison(runs: pd.DataFrame, published: dict = PUBLISHED_VLLM_V0
     return out
 
 
-def _band_lines(points: pd.DataFrame, keys: list, span_by: str, band: float) -> pd.DataFrame:
-    """The lines y = x and y = (1 +- ``band``) x for each group of ``keys``, spanning the measured and predicted
-    range of each ``span_by`` group (two points per line, ``kind`` and ``line`` naming it)."""
-    rows = []
-    for _, per in points.groupby(span_by, sort=False):
-        lo = min(per["measured_ms"].min(), per["predicted_ms"].min()) / (1 + band)
-        hi = max(per["measured_ms"].max(), per["predicted_ms"].max()) * (1 + band)
-        for key, _part in per.groupby(keys, sort=False):
-            for label, k in (("y = x", 1.0), (f"±{band:.0%}", 1 + band), (f"±{band:.0%}", 1 - band)):
-                rows.append({**dict(zip(keys, key)), "kind": label, "line": f"{label} {k}",
-                             "measured_ms": [lo, hi], "predicted_ms": [lo * k, hi * k]})
-    return pd.DataFrame(rows).explode(["measured_ms", "predicted_ms"]).astype(
-        {"measured_ms": float, "predicted_ms": float})
-
-
 def parity_frame(sample: pd.DataFrame, band: float = 0.15) -> pd.DataFrame:
     """Parity points plus, per set and stage, the lines y = x and y = (1 +- ``band``) x spanning the set's range.
 
@@ -359,15 +399,16 @@ def parity_chart(sample: pd.DataFrame, value: str | None = None, band: float = 0
                       bind=alt.binding_select(options=sets, labels=[set_name(x) for x in sets],
                                               name="measured set "))
     axis = {"scale": alt.Scale(type="log", nice=False),
-            "axis": alt.Axis(labelExpr=viz.LOG125_LABEL, labelOverlap="greedy")}
+            "axis": alt.Axis(labelExpr=LOG_LABEL, labelOverlap="greedy")}
     x = alt.X("measured_ms:Q", title="measured time (ms)", **axis)
     y = alt.Y("predicted_ms:Q", title="predicted time (ms)", **axis)
     base = alt.Chart().transform_filter("datum.set == measured_set")
     points = base.transform_filter("datum.kind == 'case'").mark_circle(size=22, opacity=0.7).encode(
         x=x, y=y, color=alt.Color("group:N", title=None, legend=alt.Legend(orient="top"),
                                   scale=alt.Scale(domain=list(GROUP_COLORS), range=list(GROUP_COLORS.values()))),
-        tooltip=["case:N", alt.Tooltip("measured_ms:Q", format=".4~g"), alt.Tooltip("predicted_ms:Q", format=".4~g"),
-                 alt.Tooltip("rel_err:Q", format=".1%", title="relative error")])
+        tooltip=[viz.tip("case", "measured case", kind="N"), viz.tip("group", "used by the fit as", kind="N"),
+                 viz.tip("measured_ms", "measured (ms)", ",.4~g"), viz.tip("predicted_ms", "predicted (ms)", ",.4~g"),
+                 viz.tip("rel_err", "relative error", ".1%")])
     lines = base.transform_filter("datum.kind != 'case'").mark_line(color="#555555", strokeWidth=1).encode(
         x=x, y=y, detail="line:N", strokeDash=alt.StrokeDash("kind:N", title=None, legend=alt.Legend(orient="top"),
                                                              scale=alt.Scale(range=[[1, 0], [4, 3]])))
@@ -389,9 +430,11 @@ def published_chart(runs: pd.DataFrame, published: dict = PUBLISHED_VLLM_V060, w
         :data:`PUBLISHED_VLLM_V060`: the TTFT ceiling over ``ttft_rates_req_s`` is drawn as a dashed segment,
         the TPOT at ``tpot_rate_req_s`` as a black diamond.
     """
-    finite = runs[np.isfinite(runs["rate_req_s"])]
-    x = alt.X("rate_req_s:Q", title="arrival rate (req/s)")
     blog = f"rescaled to the blog's {published['prompt_tokens_mean']:g} / {published['output_tokens_mean']:g} tokens"
+    finite = runs[np.isfinite(runs["rate_req_s"])]
+    finite = finite[["rate_req_s", "lengths", "mean_ttft_ms", "mean_tpot_ms"]].assign(
+        lengths_text=finite["lengths"].map({"blog": blog, "trace": "the ShareGPT file's own"}))
+    x = alt.X("rate_req_s:Q", title="arrival rate (req/s)")
     color = alt.Color("lengths:N", title="prompt / output lengths", legend=alt.Legend(
         orient="top", direction="vertical", labelLimit=0,
         labelExpr=f"datum.label == 'blog' ? \"{blog}\" : 'the ShareGPT file\\'s own'"))
@@ -403,86 +446,19 @@ def published_chart(runs: pd.DataFrame, published: dict = PUBLISHED_VLLM_V060, w
     panels = []
     for col, ref in (("mean_ttft_ms", ceiling), ("mean_tpot_ms", tpot)):
         y = alt.Y(f"{col}:Q", title=viz.title(col), scale=alt.Scale(zero=True))
+        rate = viz.tip("rate_req_s", "arrival rate (req/s)", ",.0f")
         sim = alt.Chart(finite).mark_line(point=True).encode(
-            x=x, y=y, color=color, tooltip=["lengths:N", "rate_req_s:Q", alt.Tooltip(f"{col}:Q", format=".1f")])
+            x=x, y=y, color=color, tooltip=[viz.tip("lengths_text", "prompt / output lengths", kind="N"), rate,
+                                            viz.tip(col, fmt=",.1f")])
         if len(ref) > 1:
             mark = alt.Chart(ref).mark_line(color="black", strokeDash=[4, 3])
         else:
             mark = alt.Chart(ref).mark_point(shape="diamond", size=120, filled=True, color="black")
+        mark = mark.encode(x=x, y=y, tooltip=[viz.tip("what", "vLLM's post", kind="N"), rate,
+                                              viz.tip(col, fmt=",.1f")])
         text = alt.Chart(ref.tail(1)).mark_text(align="right", dx=-8, dy=-10).encode(x=x, y=y, text="what:N")
-        panels.append(alt.layer(sim, mark.encode(x=x, y=y), text).properties(width=width, height=height))
+        panels.append(alt.layer(sim, mark, text).properties(width=width, height=height))
     return alt.hconcat(*panels)
-
-
-E2E_METRICS = {"ttft": "time to first token (ms)", "tpot": "time per output token (ms)",
-               "e2e": "end-to-end latency (ms)"}
-SET_COLORS = {"inference-perf": viz.PALETTE[0], "aiconfigurator": viz.PALETTE[1]}
-
-
-def e2e_parity_frame(table: pd.DataFrame, band: float = 0.15) -> pd.DataFrame:
-    """Every usable calibration run's predicted against measured value per metric, plus the lines y = x and
-    y = (1 +- ``band``) x per metric panel. ``table`` is :func:`batchlab.validate.replay_all`. Used in chapter 13.
-    """
-    used = table[table["representable"].astype(bool) & (table["status"] == "ok")]
-    points = used[["run_id", "metric", "set", "model", "hardware", "tp", "dtype", "measured_ms", "predicted_ms",
-                   "rel_error"]].assign(kind="run", line="")
-    out = pd.concat([points, _band_lines(points, ["metric"], "metric", band)], ignore_index=True)
-    out["panel"] = out["metric"].map(E2E_METRICS)
-    for col in ("measured_ms", "predicted_ms", "rel_error"):
-        out[col] = [float(f"{v:.4g}") for v in out[col]]
-    return out
-
-
-def e2e_parity_chart(table: pd.DataFrame, band: float = 0.15, size: int = 230):
-    """Predicted against measured TTFT, TPOT and E2E of every end-to-end calibration run, log-log, one panel each,
-    coloured by set; dashed lines at ±``band``. Used in chapter 13."""
-    data = e2e_parity_frame(table, band)
-    axis = {"scale": alt.Scale(type="log", nice=False),
-            "axis": alt.Axis(labelExpr=viz.LOG125_LABEL, labelOverlap="greedy")}
-    x = alt.X("measured_ms:Q", title="measured (ms)", **axis)
-    y = alt.Y("predicted_ms:Q", title="predicted (ms)", **axis)
-    points = alt.Chart().transform_filter("datum.kind == 'run'").mark_circle(size=28, opacity=0.75).encode(
-        x=x, y=y, color=alt.Color("set:N", title=None, legend=alt.Legend(orient="top"),
-                                  scale=alt.Scale(domain=list(SET_COLORS), range=list(SET_COLORS.values()))),
-        tooltip=["run_id:N", "model:N", "hardware:N", "tp:Q", "dtype:N",
-                 alt.Tooltip("measured_ms:Q", format=".4~g"), alt.Tooltip("predicted_ms:Q", format=".4~g"),
-                 alt.Tooltip("rel_error:Q", format="+.1%", title="error")])
-    lines = alt.Chart().transform_filter("datum.kind != 'run'").mark_line(color="#555555", strokeWidth=1).encode(
-        x=x, y=y, detail="line:N", strokeDash=alt.StrokeDash("kind:N", title=None, legend=alt.Legend(orient="top"),
-                                                             scale=alt.Scale(range=[[1, 0], [4, 3]])))
-    panels = alt.layer(lines, points, data=data).properties(width=size, height=size)
-    return panels.facet(column=alt.Column("panel:N", title=None, sort=list(E2E_METRICS.values()))).resolve_scale(
-        x="independent", y="independent")
-
-
-def e2e_error_table(errors: pd.DataFrame):
-    """:func:`batchlab.validate.error_summary` as the reader reads it (a ``Styler``): one row per set and metric,
-    errors in %. Used in chapter 13; the worst run of each row is named in the prose, not here."""
-    shown = errors.assign(metric=errors["metric"].map({"ttft": "TTFT", "tpot": "TPOT", "e2e": "E2E"}))
-    pct = "{:.1%}".format
-    return viz.display_table(shown, {"set": ("runs from", str), "metric": ("metric", str),
-                                     "runs": ("runs", "{:,}".format), "median_abs_error": ("median |error|", pct),
-                                     "worst_abs_error": ("worst |error|", pct),
-                                     "median_error": ("median error (signed)", "{:+.1%}".format)})
-
-
-def ablation_table(ablations: pd.DataFrame) -> pd.DataFrame:
-    """Median |error| per metric (columns) with each mechanism off in turn (rows; "none" is the full model)."""
-    table = ablations.pivot(index="mechanism", columns="metric", values="median_abs_error")
-    table = table.reindex(index=list(dict.fromkeys(ablations["mechanism"])), columns=["ttft", "tpot", "e2e"])
-    table.columns = ["TTFT", "TPOT", "E2E"]
-    table.index = ["nothing (the full model)" if m == "none" else m for m in table.index]
-    table.index.name = "switched off"
-    return table
-
-
-def ablation_style(ablations: pd.DataFrame):
-    """:func:`ablation_table` as the page shows it (a ``Styler``): the mechanism switched off, then the median
-    |error| of TTFT, TPOT and E2E in %. Used in chapter 13."""
-    table = ablation_table(ablations).reset_index()
-    pct = "{:.1%}".format
-    return viz.display_table(table, {"switched off": ("switched off", str),
-                                     **{m: (f"{m} median |error|", pct) for m in ("TTFT", "TPOT", "E2E")}})
 
 
 def comparison_style(compare: pd.DataFrame):
@@ -491,6 +467,35 @@ def comparison_style(compare: pd.DataFrame):
     return viz.display_table(compare, {"figure": ("figure", str), "condition": ("condition", str),
                                        "published": ("published", one), "predicted": ("predicted", one),
                                        "ratio": ("predicted / published", "{:.2f}".format)})
+
+
+SHORT_FIT_MAX_TOKENS = 1024  # eager attention refitted on prompts up to this: how far a short fit carries
+
+
+def case_scope(cases: pd.DataFrame) -> dict:
+    """What the per-operator sets span, by glue name: vidur's models (GEMMs, elementwise), its largest token
+    count and TP degree, the floors fitted per kernel (µs, least and largest). Used in chapter 13."""
+    vidur = cases[cases["set"] == "vidur_gemm"]
+    floors = [v * 1e6 for v in calibrate.shipped_floors()]
+    return {"vidur_models": int(vidur["model"].nunique()),
+            "elem_models": int(cases.loc[cases["set"] == "vidur_elementwise", "model"].nunique()),
+            "vidur_tokens_hi": int(vidur["tokens"].max()), "vidur_tp_hi": int(vidur["tp"].max()),
+            "floor_us_lo": min(floors), "floor_us_hi": max(floors)}
+
+
+def book_kernel_errors(cases: pd.DataFrame, model) -> dict:
+    """Median error after calibration of the attention kernels timed at ``model``'s own geometry (its query heads,
+    KV heads and head size; decode on one GPU), by glue name ``book_decode_attn``, ``book_prefill_attn``, with
+    the geometry's case counts. Used in chapter 13 for the book's model (Llama-3-8B: 32 / 8 / 128)."""
+    geometry = f"{model.heads}-{model.kv_heads}-{model.head_dim}"
+    after = cases[(cases["stage"] == "after") & (cases["geometry"] == geometry)]
+    decode = after[(after["set"] == "decode_attn") & (after["tp"] == 1)]["rel_err"]
+    prefill = after[after["set"] == "prefill_attn"]["rel_err"]
+    if decode.empty or prefill.empty:
+        raise ValueError(f"model: no measured attention case at geometry {geometry} (heads-kv_heads-head_dim)")
+    return {"book_decode_attn": float(decode.median()), "book_decode_cases": len(decode),
+            "book_prefill_attn": float(prefill.median()), "book_prefill_cases": len(prefill),
+            "book_heads": model.heads, "book_kv_heads": model.kv_heads}
 
 
 def kernel_headline(err: pd.DataFrame, after, cases: pd.DataFrame) -> tuple[dict, pd.Series]:
@@ -514,7 +519,7 @@ def kernel_headline(err: pd.DataFrame, after, cases: pd.DataFrame) -> tuple[dict
         "eager_eta_attn": own.eager_eta_attn, "eta_attn": after.eta_attn,
         "eager_attn_floor_us": calibrate.shipped_floors().eager_attn_s * 1e6,
         "attn_held": held["llmservingsim_attn"],
-        "attn_held_short_fit": eager_holdout_error(after, max_tokens=1024)["llmservingsim_attn"],
+        "attn_held_short_fit": eager_holdout_error(after, SHORT_FIT_MAX_TOKENS)["llmservingsim_attn"],
         "eager_fit_max": calibrate.EAGER_FIT_MAX_TOKENS,
         "elem_diag": err.loc[diag["llmservingsim_elementwise"], "median_rel_err_after"],
         "eager_eta_elem": own.eager_eta_elementwise, "eta_elem": after.eta_elementwise,
@@ -524,45 +529,10 @@ def kernel_headline(err: pd.DataFrame, after, cases: pd.DataFrame) -> tuple[dict
         "elem_pred_share": longest["predicted_elementwise_s"] / longest["predicted_s"],
         "elem_slowdown": longest["measured_elementwise_s"] / longest["predicted_elementwise_s"],
         "longest_tokens": int(longest["tokens"]),
+        "short_fit_max": SHORT_FIT_MAX_TOKENS,
+        **case_scope(cases),
     }
     return {name: float(value) for name, value in numbers.items()}, held
-
-
-def e2e_headline(e2e: pd.DataFrame, errors: pd.DataFrame) -> dict:
-    """The numbers chapter 13's end-to-end prose quotes, by glue name: run counts, median, worst and signed
-    errors per metric over all usable runs, TTFT per set and per closed-loop model (``e2e_ttft_<model>``: the
-    InferenceX Llama-3.1-70B rows, Qwen3-32B), the closed-loop TTFT ratio (predicted / measured) of
-    Llama-3.1-70B at 32 clients or more and of Qwen3-32B at 16 or fewer, Qwen3-32B's TTFT shortfall at 16 clients
-    or fewer (measured minus predicted, ms, median) for 1,024- and 4,096-token prompts, and the Llama-3.1-8B FP8
-    rows' TPOT."""
-    overall = errors[errors["set"] == "all"].set_index("metric")
-    by_set = errors.set_index(["set", "metric"])["median_abs_error"]
-    per_run = e2e.drop_duplicates("run_id")
-    out = {"e2e_runs": int(overall.loc["ttft", "runs"]), "e2e_closed": int((per_run["set"] == "aiconfigurator").sum()),
-           "e2e_overloaded": int((per_run["status"] == "overloaded").sum()),
-           "e2e_ip_ttft": float(by_set[("inference-perf", "ttft")]),
-           "e2e_ac_ttft": float(by_set[("aiconfigurator", "ttft")])}
-    out["e2e_open"] = int((per_run["set"] == "inference-perf").sum()) - out["e2e_overloaded"]
-    for metric in ("ttft", "tpot", "e2e"):
-        out[f"e2e_med_{metric}"] = float(overall.loc[metric, "median_abs_error"])
-        out[f"e2e_worst_{metric}"] = float(overall.loc[metric, "worst_abs_error"])
-        out[f"e2e_signed_{metric}"] = float(overall.loc[metric, "median_error"])
-    ttft = e2e[(e2e["set"] == "aiconfigurator") & (e2e["metric"] == "ttft")]
-    ratio = ttft["predicted_ms"] / ttft["measured_ms"]
-    runs = calibration_runs().set_index("run_id")
-    clients, isl = ttft["run_id"].map(runs["concurrency"]), ttft["run_id"].map(runs["isl"])
-    out["e2e_ttft_70b"] = float(ttft.loc[ttft["model"] == "llama-3.1-70b", "rel_error"].abs().median())
-    out["e2e_ttft_qwen"] = float(ttft.loc[ttft["model"] == "qwen3-32b", "rel_error"].abs().median())
-    out["e2e_70b_runs"] = int((ttft["model"] == "llama-3.1-70b").sum())
-    out["ttft_70b_high"] = float(ratio[(ttft["model"] == "llama-3.1-70b") & (clients >= 32)].median())
-    low_qwen = (ttft["model"] == "qwen3-32b") & (clients <= 16)
-    out["ttft_qwen_low"] = float(ratio[low_qwen].median())
-    gap = ttft["measured_ms"] - ttft["predicted_ms"]
-    out["qwen_gap_1k_ms"] = float(gap[low_qwen & (isl == 1024)].median())
-    out["qwen_gap_4k_ms"] = float(gap[low_qwen & (isl == 4096)].median())
-    fp8_8b = e2e[(e2e["model"] == "llama-3.1-8b") & (e2e["metric"] == "tpot")]["rel_error"]
-    out["e2e_8b_tpot"], out["e2e_8b_runs"] = float(fp8_8b.median()), len(fp8_8b)
-    return out
 
 
 def error_table(errors: pd.DataFrame):

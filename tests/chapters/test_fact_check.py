@@ -10,6 +10,7 @@ import pytest
 from spec_helpers import walk
 
 import batchlab as bl
+from batchlab import viz
 from batchlab.chapters import fact_check as chapter
 
 
@@ -101,24 +102,36 @@ def test_chunking_tradeoff_rejects_a_budget_the_decodes_fill(cost8b):
 def test_tradeoff_chart_spec():
     trade = pd.DataFrame({"max_num_batched_tokens": [512, 1024, 2048], "log2_tokens": [9.0, 10.0, 11.0],
                           "ttft_s": [0.670, 0.400, 0.300], "itl_max_s": [0.030, 0.041, 0.065],
-                          "cadence_s": [0.0224, 0.0224, 0.0224], "chunks": [23, 10, 5]})
+                          "cadence_s": [0.0224, 0.0224, 0.0224], "chunks": [23, 10, 1]})
     spec = chapter.tradeoff_chart(trade).to_dict()
     (param,) = spec["params"]
     assert param["name"] == "log2_tokens" and param["value"] == 11.0
-    assert param["bind"] == {"input": "radio", "options": [9.0, 10.0, 11.0], "labels": ["512", "1,024", "2,048"],
-                             "name": "max_num_batched_tokens (tokens)"}  # the budget in tokens, not its log2
+    # A slider over log2 of the budget, evenly spaced, that shows the budget in tokens, not its log2.
+    assert param["bind"] == {"input": "range", "min": 9.0, "max": 11.0, "step": 1.0,
+                             "name": "max_num_batched_tokens (tokens)"}
+    assert viz._slider_labels(spec)["log2_tokens"]["labels"] == ["512", "1,024", "2,048"]
     kinds = [layer["mark"]["type"] if isinstance(layer["mark"], dict) else layer["mark"] for layer in spec["layer"]]
     assert kinds.count("text") == 3 and {"line", "rule", "point"} <= set(kinds)
     filters = list(walk(spec, "filter"))
     assert len(filters) == 2 and all("log2_tokens" in f for f in filters)  # ring and readout follow the slider
     line = spec["layer"][0]["encoding"]
     assert line["x"]["field"] == "ttft_ms" and line["y"]["field"] == "itl_max_ms"
-    assert line["x"]["title"] == "newcomer's ttft (ms)" and line["y"]["title"] == "tallest decoder gap (ms)"
+    assert line["x"]["title"] == "newcomer's TTFT (ms)" and line["y"]["title"] == "tallest decoder gap (ms)"
+    assert line["x"]["axis"]["format"] == line["y"]["axis"]["format"] == ",.0f"  # thousands separators
+    assert line["y"]["scale"]["domain"][1] > 65.0  # room above the tallest point for its label
+    tips = line["tooltip"]
+    assert [t["field"] for t in tips] == ["max_num_batched_tokens", "chunks", "ttft_ms", "itl_max_ms"]
+    assert all(t["title"] and "_" not in t["title"].replace("max_num_batched_tokens", "") for t in tips)  # words
+    assert all("(ms)" in t["title"] for t in tips if t["field"].endswith("_ms"))  # with units
     points = spec["datasets"][spec["layer"][0]["data"]["name"]]
     assert [p["ttft_ms"] for p in points] == pytest.approx([670.0, 400.0, 300.0])  # seconds in, shown in ms
     assert [p["itl_max_ms"] for p in points] == pytest.approx([30.0, 41.0, 65.0])
     rule = next(layer for layer in spec["layer"] if layer["mark"] == "rule" or layer["mark"].get("type") == "rule")
     assert spec["datasets"][rule["data"]["name"]][0]["itl_max_ms"] == pytest.approx(22.4)  # the median cadence
+    readout = spec["layer"][-1]
+    assert readout["encoding"]["x"] == {"value": {"expr": "width"}}  # the plot's right edge, narrowed or not
+    label = next(t["calculate"] for t in readout["transform"] if "calculate" in t)
+    assert "' chunk'" in label and "' chunks'" in label  # "1 chunk", "5 chunks"
 
 
 def test_styled_verdicts_one_row_per_claim_coloured_by_verdict():

@@ -1,7 +1,8 @@
 """Chapter 13 (validation): the validation frames agree with the shipped calibration, the sampler keeps what a
 parity chart needs, the end-to-end runs behave like a server (closed forms on hand-made frames, invariants); the
 parity chart (select over sets, before/after panels, log axes, y = x and the target band) and the end-to-end
-chart beside the published vLLM figures. Everything reads the compact measured-timings table in data/."""
+chart beside the published vLLM figures; the book's setup beside the closest measured runs; tooltips and tables in
+words. Everything reads the compact tables in data/."""
 from __future__ import annotations
 
 
@@ -168,7 +169,8 @@ def test_parity_chart_spec(sample):
 def test_parity_axes_label_one_two_five_per_decade(sample):
     spec = chapter.parity_chart(sample).to_dict()
     axes = [e[c]["axis"] for e in walk(spec, "encoding") for c in ("x", "y") if c in e]
-    assert axes and all(a["labelExpr"] == viz.LOG125_LABEL and a["labelOverlap"] == "greedy" for a in axes)
+    assert axes and all(a["labelExpr"] == chapter.LOG_LABEL and a["labelOverlap"] == "greedy" for a in axes)
+    assert viz.LOG125_LABEL.replace("'~g'", "',~g'") == chapter.LOG_LABEL  # viz's labels, with separators
 
 
 def test_published_chart_spec():
@@ -200,7 +202,7 @@ def test_e2e_headline_and_parity_frame_read_the_replay():
     lines = frame[frame["kind"] != "run"]
     assert len(lines) == 3 * 3 * 2  # y = x and the two band lines, two points each, per metric panel
     upper = lines[lines["line"] == "±15% 1.15"]
-    np.testing.assert_allclose(upper["predicted_ms"], 1.15 * upper["measured_ms"], rtol=1e-3)  # 4 digits kept
+    np.testing.assert_allclose(upper["predicted"], 1.15 * upper["measured"], rtol=1e-3)  # 4 digits kept
 
 
 def test_error_table_is_narrow_with_units(frames):
@@ -217,7 +219,7 @@ def test_error_table_is_narrow_with_units(frames):
 
 def test_efficiency_and_case_tables_name_what_they_show(frames, costs):
     table = chapter.efficiency_table(*costs).data.set_index("quantity")
-    assert table.loc["per-step overhead (ms)", "starting"] == "1"  # 1 ms, shown in ms
+    assert table.loc["GPU's fixed cost per step (ms)", "starting"] == "1"  # 1 ms, shown in ms
     assert table.loc["elementwise share of HBM bandwidth", "starting"] == "none"
     assert not any("_" in name for name in table.index)
     cases, _ = frames
@@ -264,3 +266,146 @@ def test_kernel_headline_is_what_the_page_glues(frames, costs):
     assert 0 < numbers["elem_share_lo"] <= numbers["elem_share_hi"] < 1 and numbers["longest_tokens"] % 1 == 0
     after = cases[(cases["stage"] == "after") & (cases["group"] == "held out")]
     assert held["llmservingsim_attn"] == after.loc[after["set"] == "llmservingsim_attn", "rel_err"].median()
+
+
+# -- words on the page: cases, runs, axes --------------------------------------------------------------------------
+def test_case_text_names_each_set_in_words():
+    assert chapter.case_text({"set": "vidur_gemm", "model": "Llama-2-7b-hf", "tp": 2.0, "tokens": 4096.0}) == \
+        "Llama-2-7B, TP 2: one layer's four GEMMs, 4,096 tokens"
+    assert chapter.case_text({"set": "decode_attn", "geometry": "32-8-128", "tp": 1.0, "batch": 64.0,
+                              "kv_len": 2048.0}) == \
+        "decode attention, 32 query and 8 KV heads of 128: 64 sequences at 2,048 cached tokens"
+    assert chapter.case_text({"set": "llmservingsim_attn_vllm_eta", "op": "attn", "tokens": 1.0}) == \
+        "Llama-3.1-8B, eager: attention, 1 token"
+    assert chapter.case_text({"set": "allreduce", "workers": 4.0, "size_bytes": 2 * 2**20}) == \
+        "all-reduce of 2 MiB over 4 GPUs"
+    assert chapter.case_text({"set": "gemm_kernels_fp8_bf16_eta", "m": 8.0, "k": 2048.0, "n": 6144.0}) == \
+        "FP8 GEMM: 8 tokens through a 2,048 × 6,144 weight"
+
+
+def test_parity_sample_cases_carry_no_code_names(frames):
+    sample = chapter.parity_sample(frames[0], per_set=5)
+    assert not sample["case"].str.contains(r"[a-z]+_[a-z]+|\bnan\b").any(), sample["case"].head()
+    assert sample.groupby("set")["case"].nunique().min() >= 1
+
+
+def test_run_text_reads_a_run_in_words():
+    runs = bl.validate.calibration_runs().set_index("run_id")
+    open_loop = runs[runs["set"] == "inference-perf"].iloc[0]
+    assert chapter.run_text(open_loop) == "Llama-2-7B BF16 on one H100 SXM, 6 req/s open loop (roleplay prompts)"
+    ix = runs[runs["client"] == "inferencex"].iloc[0]
+    text = chapter.run_text(ix)
+    assert text.startswith("Llama-3.1-70B FP8 on ") and "H100 SXMs" in text and "InferenceX's client" in text
+    assert f"{int(ix['isl']):,}-token prompts" in text and "_" not in text
+
+
+def test_log_axis_labels_carry_thousands_separators():
+    assert "format(datum.value, ',~g')" in chapter.LOG_LABEL and "'~g'" not in chapter.LOG_LABEL
+
+
+def test_e2e_parity_frame_reads_end_to_end_latency_in_seconds():
+    table = bl.validate.replay_all(bl.validate.calibration_runs().iloc[:3])
+    frame = chapter.e2e_parity_frame(table)
+    runs = frame[frame["kind"] == "run"].reset_index(drop=True)
+    used = table[table["status"] == "ok"].reset_index(drop=True)
+    scale = np.where(used["metric"] == "e2e", 1e-3, 1.0)
+    np.testing.assert_allclose(runs["measured"], used["measured_ms"] * scale, rtol=1e-3)
+    assert set(runs["source"]) <= set(chapter.SET_COLORS) and "run_id" not in frame
+    assert frame.loc[frame["metric"] == "e2e", "panel"].unique().tolist() == ["end-to-end latency (s)"]
+
+
+def test_e2e_chart_tooltips_are_words_with_units():
+    table = bl.validate.replay_all(bl.validate.calibration_runs().iloc[:3])
+    spec = chapter.e2e_parity_chart(table).to_dict()
+    tips = [t for e in walk(spec, "encoding") for t in e.get("tooltip", [])]
+    assert tips and all(t.get("title") for t in tips)
+    assert {t["field"] for t in tips} == {"run", "panel", "measured", "predicted", "rel_error"}
+    axes = [e[c]["axis"]["labelExpr"] for e in walk(spec, "encoding") for c in ("x", "y") if c in e]
+    assert axes and all(a == chapter.LOG_LABEL for a in axes)
+
+
+# -- the book's setup beside the closest measured runs -------------------------------------------------------------
+@pytest.fixture(scope="module")
+def closest():
+    close = chapter.closest_runs()
+    served = bl.validate.replay_all(close)
+    return close, chapter.setup_frame(served, chapter.book_setup_replay(close))
+
+
+def test_closest_runs_share_the_books_gpu_tp_and_weights(closest):
+    close, _ = closest
+    book = chapter.book_setup()
+    assert len(close) == 4 and (close["model"] == "llama-2-7b").all()
+    assert (close["hardware"] == book["hardware"]).all() and (close["tp"] == 1).all()
+    assert (close["dtype"] == book["dtype"]).all()
+    # No run outside the selection has all three and a 7B-class model: the selection is complete.
+    runs = bl.validate.calibration_runs()
+    params = runs["model"].map(lambda m: bl.get_model(m).params)
+    same = (runs["hardware"] == "h100-sxm") & (runs["tp"] == 1) & (runs["dtype"] == "bf16") & params.between(6e9, 1e10)
+    assert set(runs.loc[same, "run_id"]) == set(close["run_id"])
+    assert (close["max_num_seqs"] == 128).all() and (close["max_num_batched_tokens"] == 2048).all()  # as recorded
+    assert (close["kv_kib_per_token"] == 512).all() and book["kv_kib_per_token"] == 128  # no GQA against GQA
+
+
+def test_book_setup_is_the_scene_with_vllms_defaults():
+    book = chapter.book_setup()
+    assert (book["model"], book["hardware"], book["tp"], book["dtype"]) == ("llama-3-8b", "h100-sxm", 1, "bf16")
+    assert (book["max_num_seqs"], book["max_num_batched_tokens"]) == (1024, 8192)
+
+
+def test_setup_frame_pairs_served_and_book_predictions(closest):
+    close, frame = closest
+    assert len(frame) == 3 * len(close) and set(frame["metric"]) == {"ttft", "tpot", "e2e"}
+    ok = frame[frame["status"] == "ok"]
+    np.testing.assert_allclose(ok["rel_error"], ok["predicted_ms"] / ok["measured_ms"] - 1)
+    assert frame.loc[frame["status"] != "ok", "rel_error"].isna().all()  # an overloaded run is not scored
+    # The book's setup decodes the same traffic faster: four times less KV per token, eight times the seats.
+    tpot = frame[frame["metric"] == "tpot"]
+    assert (tpot["book_ms"] < tpot["predicted_ms"]).all()
+    assert (ok["hit_rate"] > 0.9).all()  # shared prefixes: nearly every prompt token cached
+
+
+def test_setup_headline_reads_the_frame(closest):
+    close, frame = closest
+    head = chapter.setup_headline(frame, close)
+    ok = frame[frame["status"] == "ok"]
+    for metric in ("ttft", "tpot", "e2e"):
+        assert head[f"close_worst_{metric}"] == ok.loc[ok["metric"] == metric, "rel_error"].abs().max()
+    assert head["close_busy_rate"] == 20.0 and head["close_ok"] == 3 and head["close_runs"] == 4
+    assert head["close_light_worst"] < abs(head["close_busy_tpot"])  # the busiest stage is the worst
+    assert head["book_busy_tpot_ms"] < head["close_busy_tpot_ms"]
+
+
+def test_setup_tables_show_the_book_beside_the_runs(closest):
+    close, frame = closest
+    table = chapter.setup_table(close, 0.967, "the book's traffic").data
+    assert table.columns.tolist() == ["", "the book, chapters 2 to 9", "the 4 closest measured runs"]
+    row = table.set_index("")
+    assert row.loc["max_num_seqs", "the 4 closest measured runs"] == "128"
+    assert row.loc["KV cache per token", "the book, chapters 2 to 9"] == "128 KiB"
+    assert "97%" in row.loc["prompts", "the 4 closest measured runs"]
+    assert row.loc["load", "the 4 closest measured runs"] == "4, 6, 8 and 20 req/s"
+    errors = chapter.setup_error_table(frame, close).data
+    assert len(errors) == len(frame) and (errors["error"] == "–").sum() == 3  # the overloaded stage, unscored
+    assert set(errors["metric"]) == {"TTFT (ms)", "TPOT (ms)", "end-to-end latency (s)"}
+
+
+def test_within_sentence_follows_the_numbers():
+    target = 0.15
+    assert chapter.within_sentence({"ttft": 0.138, "tpot": 0.07, "e2e": 0.06}, target) == \
+        "token times, end-to-end latencies and times to first token all land within 15% in the median"
+    assert chapter.within_sentence({"ttft": 0.16, "tpot": 0.07, "e2e": 0.06}, target) == \
+        "token times and end-to-end latencies land within 15% in the median, times to first token not yet"
+    worse = chapter.within_sentence({"ttft": 0.2, "tpot": 0.2, "e2e": 0.2}, target)
+    assert worse.endswith("all miss 15% in the median")
+    assert "not yet" not in chapter.within_sentence({"ttft": 0.15, "tpot": 0.15, "e2e": 0.15}, target)  # at: within
+
+
+def test_prefill_share_needed_closed_form():
+    run = pd.Series({"model": "llama-3.1-8b", "hardware": "h200", "dtype": "fp8", "tp": 2, "isl": 2000,
+                     "concurrency": 96, "e2e_ms": 1000.0, "set": "aiconfigurator"})
+    m = bl.get_model("llama-3.1-8b")
+    flop = 2 * m.body_params * 2000 + 2 * m.layers * m.attn_dim * 2000**2 + 2 * m.vocab * m.d_model
+    expected = 96 * flop / (1.0 * 2 * bl.get_hardware("h200").flops_fp8)
+    assert chapter.prefill_share_needed(run) == pytest.approx(expected, rel=1e-9)
+    assert chapter.prefill_share_needed(run.replace(1000.0, 2000.0)) == pytest.approx(expected / 2, rel=1e-9)
