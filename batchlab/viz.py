@@ -436,7 +436,7 @@ def log_ticks(values, scale: float = 1.0) -> list[float]:
 _DECADE = "log(datum.value) / LN10"
 _MANTISSA = f"datum.value / pow(10, floor({_DECADE} + 1e-9))"
 LOG125_LABEL = (f"(abs({_MANTISSA} - 1) < 1e-6 || abs({_MANTISSA} - 2) < 1e-6 || abs({_MANTISSA} - 5) < 1e-6) ? "
-                "(datum.value >= 0.001 ? format(datum.value, '~g') : format(datum.value, '.0e')) : ''")
+                "(datum.value >= 0.001 ? format(datum.value, ',~g') : format(datum.value, '.0e')) : ''")
 
 
 # -- a chart shared by chapters ------------------------------------------------------------------------------

@@ -339,7 +339,7 @@ def delay_load_chart(runs: pd.DataFrame, rules: pd.DataFrame, delay_ms: float = 
         0.8 * float(long["rate_req_s"].min()), 1.25 * max(float(long["rate_req_s"].max()), rules["rate_req_s"].max())]),
         axis=alt.Axis(values=viz.log_ticks(long["rate_req_s"]), format="~g"))
     y = alt.Y("latency_s:Q", title="latency (s)", scale=alt.Scale(type="log", nice=False, padding=6),
-              axis=alt.Axis(labelExpr=viz.LOG125_LABEL.replace("'~g'", "',~g'")))
+              axis=alt.Axis(labelExpr=viz.LOG125_LABEL))
     load_panel = alt.layer(
         base.mark_line(strokeWidth=1.8).encode(x=x, y=y, color=scales["color"], strokeDash=scales["strokeDash"]),
         base.mark_point(size=40, filled=True).encode(x=x, y=y, color=scales["color"], shape=scales["shape"],

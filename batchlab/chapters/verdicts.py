@@ -151,8 +151,8 @@ def _rows(n: dict, gpu: str) -> list:
          "stops being flat; the compute crossover the article's sentence defines moves the other way",
          CONDITIONAL if n["compute_knee_128"] > n["ridge"] > n[f"floor_knee_{CONTEXTS[0]}"] else
          FAILS if n["compute_knee_128"] > n["ridge"] else HOLDS,
-         f"the knee falls to {n[f'floor_knee_{CONTEXTS[0]}']:.0f} sequences at {CONTEXTS[0]:,} tokens of context "
-         f"and {n[f'floor_knee_{CONTEXTS[1]}']:.0f} at {CONTEXTS[1]:,}; the compute crossover rises "
+         f"the knee falls to {n[f'floor_knee_{CONTEXTS[0]}']:.1f} sequences at {CONTEXTS[0]:,} tokens of context "
+         f"and {n[f'floor_knee_{CONTEXTS[1]}']:.1f} at {CONTEXTS[1]:,}; the compute crossover rises "
          f"({n['compute_knee_128']:.0f} sequences at {KV_CONTEXT_SMALL} tokens) and is gone past "
          f"{n['knee_vanishes_at']:.0f} tokens"),
         ("weights", f"{ARTICLE['weights_gb']} GB of weights stream every decode step", f"Llama-3-70B FP8, {on}",

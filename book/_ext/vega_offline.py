@@ -44,6 +44,8 @@ table code, table code span.pre { overflow-wrap: anywhere; white-space: normal; 
 .batchlab-chart .batchlab-slider-value { display: inline-block; min-width: 4.5em; margin-left: 0.4rem;
   font-variant-numeric: tabular-nums; }
 .batchlab-chart .vega-bind.batchlab-disabled { opacity: 0.45; }
+/* myst-nb prints every glued number bold, so none stands out: a page bolds the one number a paragraph is about. */
+body span.pasted-text { font-weight: inherit; }
 html[data-theme="dark"] .batchlab-chart .vega-bindings { color-scheme: dark; }
 html[data-theme="dark"] .batchlab-chart .vega-bindings input { accent-color: #56B4E9; }
 html[data-theme="dark"] .batchlab-chart svg.marks { background: #ffffff; border-radius: 2px; }
