@@ -1,15 +1,16 @@
-"""Chapter 09, tuning for your traffic: the knobs with the largest goodput under an SLO, beside vLLM's defaults.
+"""Chapter 9, tuning for your traffic: the knobs with the largest goodput under an SLO, beside vLLM's defaults.
 
-:func:`tuning_grid` runs :func:`batchlab.tune` for every workload, SLO and load of the chapter and keeps, per
-combination, the whole knob grid (:data:`GRID_COLUMNS`) and one line for the tuner's pick and vLLM's default
-(:data:`PICK_COLUMNS`); the pick is :func:`batchlab.tune`'s: of the goodputs within 1 % of the largest (and at
-least the default's), those with the most SLO headroom, the smallest ``slo_load`` (largest p99 / bound; loads
-within 1 % of the smallest tie too), and of those the one nearest vLLM's default, the smallest sum of
-``|log2(knob / default)|``, so a knob the traffic never presses stays where vLLM puts it.
+:func:`tuning_grid` runs :func:`batchlab.tune` for every workload, SLO and load of the chapter, over chapter 8's
+grid of the two knobs, and keeps, per combination, the whole grid (:data:`GRID_COLUMNS`) and one line for the
+tuner's pick and vLLM's default (:data:`PICK_COLUMNS`). A load is a share of the workload's capacity
+(:func:`batchlab.chapters.two_knobs.saturation_rate`), so the conversation scene's loads are chapter 8's.
 :func:`headroom` adds the largest rate each of the two sustains under the SLO (:func:`batchlab.max_rate`).
 :func:`goodput_map_chart` draws the goodput map over the knob grid, the pick and the default marked, behind
-buttons for the workload, the SLO and the load; :func:`picks_table` and :func:`headroom_table` format the
-readings.
+radio buttons for the workload, the SLO and the load; :func:`picks_table` and :func:`headroom_table` format the
+readings. Where no setting holds the SLO's p99s at a load, the pages say so rather than name a pick.
+
+The end of the module registers the facts other pages glue (:mod:`batchlab.chapters.facts`): the two SLOs, the
+pick under the stall bound and its goodput against the default's, and the largest sustainable rates.
 """
 from __future__ import annotations
 
@@ -19,45 +20,53 @@ import pandas as pd
 
 from .. import viz
 from ..tune import SLO, max_rate, parse_goodput, tune
-from ..workload import preset, trace_stats
+from ..workload import preset
+from . import facts, scenes, two_knobs
 
+WORKLOADS = {"azure-conv-2023": "conversation", "azure-code-2023": "code"}  # preset -> name on the page
+WORKLOAD_SCENES = {"azure-conv-2023": "conv", "azure-code-2023": "code"}  # preset -> its scene
+SLOS = ("ttft:500 tpot:50", "ttft:500 tpot:50 itl:100")  # vLLM's --goodput syntax and batchlab's itl, ms
+LOADS = {two_knobs.CONV_LOADS["light"]: "50 % of capacity", two_knobs.CONV_LOADS["near"]: "95 % of capacity"}
 GRID_COLUMNS = ["workload", "slo", "load", "rate_req_s", "max_num_seqs", "max_num_batched_tokens", "vllm_refuses",
-                "vllm_default", "best", "request_goodput", "share_of_top", "slo_met", "p99_ttft_ms", "p99_tpot_ms",
-                "slo_load"]
-PICK_COLUMNS = ["workload", "slo", "load", "rate_req_s", "best_max_num_seqs", "best_max_num_batched_tokens",
-                "best_goodput", "best_slo_met", "best_p99_ttft_ms", "best_p99_tpot_ms", "best_slo_load",
-                "default_max_num_seqs", "default_max_num_batched_tokens", "default_goodput", "default_slo_met",
-                "default_p99_ttft_ms", "default_p99_tpot_ms", "default_slo_load", "gain", "top_goodput",
-                "offered_req_s"]
+                "vllm_default", "best", "request_goodput", "share_of_top", "share_within", "slo_met",
+                "p99_ttft_ms", "p99_tpot_ms", "p99_longest_itl_ms", "slo_load"]
+PICK_COLUMNS = ["workload", "slo", "load", "rate_req_s", "holds_any", "best_max_num_seqs",
+                "best_max_num_batched_tokens", "best_goodput", "best_slo_met", "best_p99_ttft_ms", "best_p99_tpot_ms",
+                "best_p99_longest_itl_ms", "best_slo_load", "default_max_num_seqs", "default_max_num_batched_tokens",
+                "default_goodput", "default_slo_met", "default_p99_ttft_ms", "default_p99_tpot_ms",
+                "default_p99_longest_itl_ms", "default_slo_load", "gain", "top_goodput", "served_req_s"]
 MAP_KINDS = ("tuner's pick", "vLLM default", "refused by vLLM")
 MAP_SHAPES = ("square", "diamond", "cross")
 MAP_WIDTH = 470  # px: fits the book's text column with the axis labels
 MAP_SCHEME = "blues"
-TIE_TOL = 1e-4  # a gain within this of 1: the pick ties the default to rounding (a few parts per million)
+_WORDS = {"ttft": "TTFT", "tpot": "TPOT", "e2el": "E2EL", "itl": "longest gap"}  # an SLO's bounds, as read
 
 
 def slo_label(slo: SLO) -> str:
-    """``"TTFT 500 ms, TPOT 50 ms"``: an SLO's bounds as a reader reads them (ms)."""
-    return ", ".join(f"{key.upper()} {value:,g} ms" for key, value in slo.bounds_ms.items())
+    """``"TTFT 500 ms, TPOT 50 ms, longest gap 100 ms"``: an SLO's bounds as a reader reads them (ms); the itl
+    bound reads as what it bounds, each request's longest gap between two tokens. Used in chapter 9."""
+    return ", ".join(f"{_WORDS[key]} {value:,g} ms" for key, value in slo.bounds_ms.items())
 
 
 def slo_readings(res, specs) -> pd.DataFrame:
     """One run read under several SLOs: throughput, goodput, requests that missed a bound, p99s, SLO held.
 
-    Used in chapter 09, to show that goodput (each request against every bound) and a p99 SLO (the tail of each
-    latency against its bound) are different tests.
+    Used in chapter 9, to show that goodput (each request against every bound) and a p99 SLO (the tail of each
+    latency against its bound) are different tests, and that a TPOT bound cannot see a stall.
 
     Parameters
     ----------
     res : SimResult
+        A run with its token record (for an ``itl`` bound).
     specs : sequence of str
-        SLOs in vLLM's ``--goodput`` syntax (ms).
+        SLOs in vLLM's ``--goodput`` syntax (ms), ``itl:`` included.
 
     Returns
     -------
     DataFrame
         One row per SLO: ``slo``, ``request_throughput`` and ``request_goodput`` (req/s), ``missed`` (completed
-        requests that missed at least one bound), ``p99_ttft_ms``, ``p99_tpot_ms`` and ``slo_met``.
+        requests that missed at least one bound), ``p99_ttft_ms``, ``p99_tpot_ms``, ``p99_longest_itl_ms``
+        (each request's longest gap, NaN without an ``itl`` bound) and ``slo_met``.
     """
     rows = []
     for spec in specs:
@@ -65,28 +74,35 @@ def slo_readings(res, specs) -> pd.DataFrame:
         missed = round((s["request_throughput"] - s["request_goodput"]) * s["duration"])
         rows.append({"slo": spec, "request_throughput": s["request_throughput"],
                      "request_goodput": s["request_goodput"], "missed": int(missed),
-                     "p99_ttft_ms": s["p99_ttft_ms"], "p99_tpot_ms": s["p99_tpot_ms"], "slo_met": s["slo_met"]})
+                     "p99_ttft_ms": s["p99_ttft_ms"], "p99_tpot_ms": s["p99_tpot_ms"],
+                     "p99_longest_itl_ms": s.get("p99_longest_itl_ms", np.nan), "slo_met": s["slo_met"]})
     return pd.DataFrame(rows)
 
 
 def slo_readings_table(readings: pd.DataFrame, slo_names: dict):
-    """:func:`slo_readings` formatted, the SLO by its bounds in ms. Used in chapter 09."""
-    shown = readings.assign(slo=readings["slo"].map(slo_names),
+    """:func:`slo_readings` formatted, the SLO by its bounds in ms. Used in chapter 9."""
+    rate, ms = "{:.1f}".format, "{:,.0f}".format
+    longest = readings["p99_longest_itl_ms"].map(lambda v: ms(v) if np.isfinite(v) else "not bounded")
+    shown = readings.assign(slo=readings["slo"].map(slo_names), p99_longest_itl_ms=longest,
                             slo_met=readings["slo_met"].map({True: "yes", False: "no"}))
-    rate, ms = "{:.2f}".format, "{:,.0f}".format
     return viz.display_table(shown, {
-        "slo": ("SLO", str), "request_throughput": ("throughput (req/s)", rate),
+        "slo": ("SLO", str), "request_throughput": ("served (req/s)", rate),
         "request_goodput": ("goodput (req/s)", rate), "missed": ("requests missing a bound", "{:,}".format),
         "p99_ttft_ms": ("p99 TTFT (ms)", ms), "p99_tpot_ms": ("p99 TPOT (ms)", "{:,.1f}".format),
+        "p99_longest_itl_ms": ("p99 longest gap (ms)", str),
         "slo_met": ("p99s within the SLO", str)})
 
 
+@facts.memo
 def tuning_grid(cost, workloads, slos, loads, n_requests: int, *, seed=0, executor=None,
-                goodput_rel_tol: float = 0.01):
-    """:func:`batchlab.tune` at every workload, SLO and load: the knob grid and the best against the default.
+                goodput_rel_tol: float = 0.01, max_num_seqs=two_knobs.MAX_NUM_SEQS,
+                max_num_batched_tokens=two_knobs.MAX_NUM_BATCHED_TOKENS):
+    """:func:`batchlab.tune` at every workload, SLO and load: the knob grid and the pick against the default.
 
-    Each workload is ``preset(workload, n_requests, rate_req_s=load * trace rate, seed=seed)``: with one seed the
-    lengths and the shape of the arrivals are the same at every load. Used in chapter 09.
+    Each workload is ``preset(workload, n_requests, rate_req_s, seed=seed)`` at ``rate_req_s = load x capacity``
+    to 0.1 req/s, the capacity being :func:`batchlab.chapters.two_knobs.saturation_rate` of the same stream:
+    with one seed the lengths and the shape of the arrivals are the same at every load. Results are cached
+    (:func:`batchlab.chapters.facts.memo`). Used in chapter 9.
 
     Parameters
     ----------
@@ -94,15 +110,17 @@ def tuning_grid(cost, workloads, slos, loads, n_requests: int, *, seed=0, execut
     workloads : sequence of str
         Real-trace presets with arrival times (:func:`batchlab.preset_names`).
     slos : sequence of str
-        SLOs in vLLM's ``--goodput`` syntax, ``"ttft:500 tpot:50"`` (ms).
+        SLOs in vLLM's ``--goodput`` syntax, ``"ttft:500 tpot:50"`` (ms), ``itl:`` included.
     loads : sequence of float
-        Request rates as multiples of each trace's own rate.
+        Request rates as shares of each workload's capacity (> 0).
     n_requests : int
     seed : int
     executor : concurrent.futures.Executor, optional
         Passed to :func:`batchlab.tune`.
     goodput_rel_tol : float, default 0.01
         Passed to :func:`batchlab.tune`: goodputs this close to the largest tie.
+    max_num_seqs, max_num_batched_tokens : sequence of int
+        The grid (default: chapter 8's).
 
     Returns
     -------
@@ -110,59 +128,78 @@ def tuning_grid(cost, workloads, slos, loads, n_requests: int, *, seed=0, execut
         One row per combination and knob pair (:data:`GRID_COLUMNS`): ``workload``, ``slo`` (the spec string),
         ``load``, ``rate_req_s`` (req/s), the knobs, ``vllm_refuses``, ``vllm_default``, ``best`` (the tuner's
         pick), ``request_goodput`` (req/s), ``share_of_top`` (goodput over the largest goodput of the grid, 0 to
-        1; NaN where vLLM refuses the pair, 0 where no pair has goodput), ``slo_met``, the p99 TTFT and TPOT (ms)
-        and ``slo_load`` (the largest p99 / bound; these three NaN where vLLM refuses the pair). vLLM's default is
-        in the grid.
+        1; NaN where vLLM refuses the pair, 0 where no pair has goodput), ``share_within`` (goodput over the
+        pair's own ``request_throughput``: the share of its requests within the SLO), ``slo_met``, the p99 TTFT,
+        TPOT and longest gap (ms; the longest gap from the same run under an SLO with an ``itl`` bound, NaN if
+        there is none) and ``slo_load`` (the largest p99 / bound;
+        NaN where vLLM refuses the pair). vLLM's default is in the grid.
     picks : DataFrame
-        One row per combination (:data:`PICK_COLUMNS`): the pick's ("best") and the default's knobs, goodput
-        (req/s), ``slo_met``, p99s (ms) and ``slo_load``, ``gain`` (best / default goodput), ``top_goodput`` (the
-        largest goodput of the grid, req/s; the pick's is within ``goodput_rel_tol`` of it) and
-        ``offered_req_s`` (requests served over the run's duration with any SLO: the goodput ceiling).
+        One row per combination (:data:`PICK_COLUMNS`): ``holds_any`` (some pair holds the SLO's p99s), the
+        pick's ("best") and the default's knobs, goodput (req/s), ``slo_met``, p99s (ms) and ``slo_load``,
+        ``gain`` (best / default goodput), ``top_goodput`` (the largest goodput of the grid, req/s) and
+        ``served_req_s`` (the requests per second vLLM's default served: its goodput's ceiling).
     """
+    if any(not float(v) > 0 for v in loads):
+        raise ValueError(f"loads must be shares of capacity > 0, got {list(loads)!r}")
     grids, picks = [], []
     for workload in workloads:
+        capacity = two_knobs.saturation_rate(cost, workload, n_requests, seed=seed)
         for load in loads:
-            rate = float(load) * trace_stats(workload)["rate_req_per_s"]
+            rate = round(float(load) * capacity, 1)
             stream = preset(workload, n_requests, rate_req_s=rate, seed=seed)
             for spec in slos:
-                result = tune(stream, cost, parse_goodput(spec), executor=executor, progress=False,
-                              goodput_rel_tol=goodput_rel_tol)
+                result = tune(stream, cost, parse_goodput(spec), max_num_seqs=list(max_num_seqs),
+                              max_num_batched_tokens=list(max_num_batched_tokens), executor=executor,
+                              progress=False, goodput_rel_tol=goodput_rel_tol)
                 grids.append(_grid_rows(result, workload, spec, float(load), rate))
                 picks.append(_pick_row(result, workload, spec, float(load), rate))
-    return pd.concat(grids, ignore_index=True)[GRID_COLUMNS], pd.DataFrame(picks)[PICK_COLUMNS]
+    grid = pd.concat(grids, ignore_index=True)
+    same_run = ["workload", "load", "max_num_seqs", "max_num_batched_tokens"]  # one run read under each SLO
+    grid["p99_longest_itl_ms"] = grid.groupby(same_run)["p99_longest_itl_ms"].transform("max")
+    picks = pd.DataFrame(picks)
+    best = grid[grid["best"]].set_index(["workload", "slo", "load"])["p99_longest_itl_ms"]
+    default = grid[grid["vllm_default"]].set_index(["workload", "slo", "load"])["p99_longest_itl_ms"]
+    keys = list(zip(picks["workload"], picks["slo"], picks["load"]))
+    picks["best_p99_longest_itl_ms"] = best.loc[keys].to_numpy()
+    picks["default_p99_longest_itl_ms"] = default.loc[keys].to_numpy()
+    return grid[GRID_COLUMNS], picks[PICK_COLUMNS]
 
 
 def _grid_rows(result, workload, spec, load, rate) -> pd.DataFrame:
     table = result.table
+    if "p99_longest_itl_ms" not in table.columns:
+        table = table.assign(p99_longest_itl_ms=np.nan)
     best = result.best
     is_best = (table["max_num_seqs"] == best["max_num_seqs"]) & (
         table["max_num_batched_tokens"] == best["max_num_batched_tokens"])
     top = table["request_goodput"].max()
     share = table["request_goodput"] / top if top > 0 else table["request_goodput"] * 0.0
-    share = share.where(~table["vllm_refuses"])  # never run: no goodput to compare
+    within = (table["request_goodput"] / table["request_throughput"]).where(~table["vllm_refuses"])
     return table.assign(workload=workload, slo=spec, load=load, rate_req_s=rate, best=is_best.to_numpy(),
-                        share_of_top=share)
+                        share_of_top=share.where(~table["vllm_refuses"]), share_within=within)
 
 
 def _pick_row(result, workload, spec, load, rate) -> dict:
-    row = {"workload": workload, "slo": spec, "load": load, "rate_req_s": rate, "gain": result.gain}
+    accepted = result.table[~result.table["vllm_refuses"]]
+    row = {"workload": workload, "slo": spec, "load": load, "rate_req_s": rate, "gain": result.gain,
+           "holds_any": bool(accepted["slo_met"].any())}
     for who, point in (("best", result.best), ("default", result.defaults)):
         row[f"{who}_max_num_seqs"] = point["max_num_seqs"]
         row[f"{who}_max_num_batched_tokens"] = point["max_num_batched_tokens"]
         row[f"{who}_goodput"] = point["request_goodput"]
         for key in ("slo_met", "p99_ttft_ms", "p99_tpot_ms", "slo_load"):
             row[f"{who}_{key}"] = point[key]
-    accepted = result.table[~result.table["vllm_refuses"]]
     row["top_goodput"] = float(accepted["request_goodput"].max())
-    row["offered_req_s"] = float(accepted["request_throughput"].max())
+    row["served_req_s"] = float(accepted.loc[accepted["vllm_default"], "request_throughput"].iloc[0])
     return row
 
 
+@facts.memo
 def headroom(cost, picks: pd.DataFrame, n_requests: int, *, seed=0, rel_tol: float = 0.02) -> pd.DataFrame:
-    """The largest request rate the best setting and vLLM's default sustain under each SLO (:func:`max_rate`).
+    """The largest request rate the tuner's pick and vLLM's default sustain under each SLO (:func:`max_rate`).
 
-    The stream of each row of ``picks`` (same preset, count and seed as :func:`tuning_grid`) is scaled in time
-    until the SLO's p99 bounds just hold. Used in chapter 09.
+    The stream of each row of ``picks`` (same preset, count, rate and seed as :func:`tuning_grid`) is scaled in
+    time until the SLO's p99 bounds just hold. Results are cached. Used in chapter 9.
 
     Returns
     -------
@@ -186,111 +223,134 @@ def headroom(cost, picks: pd.DataFrame, n_requests: int, *, seed=0, rel_tol: flo
 
 def write_example_trace(path, requests) -> None:
     """Write ``requests`` as a CSV trace the way users keep theirs: ``timestamp`` (s), ``input_tokens``,
-    ``output_tokens``, one row per request. Chapter 09 reads it back with :func:`batchlab.loaders.load_workload`."""
+    ``output_tokens``, one row per request. Chapter 9 reads it back with :func:`batchlab.loaders.load_workload`."""
     pd.DataFrame({"timestamp": requests.arrival_s, "input_tokens": requests.prompt_tokens,
                   "output_tokens": requests.output_tokens}).to_csv(path, index=False)
 
 
-def _knob(frame: pd.DataFrame, who: str) -> pd.Series:
-    seqs, tokens = frame[f"{who}_max_num_seqs"], frame[f"{who}_max_num_batched_tokens"]
-    return seqs.map("{:,}".format) + " / " + tokens.map("{:,}".format)
-
-
 def is_default_pick(frame: pd.DataFrame) -> pd.Series:
-    """Whether each row's pick is vLLM's default pair itself (the tuner confirms the default). Used in chapter 09."""
+    """Whether each row's pick is vLLM's default pair itself (the tuner confirms the default). Used in chapter 9."""
     return ((frame["best_max_num_seqs"] == frame["default_max_num_seqs"])
             & (frame["best_max_num_batched_tokens"] == frame["default_max_num_batched_tokens"]))
 
 
-def is_tie(frame: pd.DataFrame) -> pd.Series:
-    """Whether each row's pick is another pair whose goodput ties the default's to rounding: ``gain`` within
-    :data:`TIE_TOL` of 1 (the two runs all but the same). Used in chapter 09."""
-    return ~is_default_pick(frame) & ((frame["gain"] - 1).abs() < TIE_TOL)
-
-
 def _pick_knob(frame: pd.DataFrame) -> pd.Series:
-    """The pick's knobs, ``"1,024 / 8,192 (vLLM default)"`` where the pick is the default."""
-    return _knob(frame, "best") + np.where(is_default_pick(frame), " (vLLM default)", "")
+    """The pick's knobs, ``"1,024 / 3,072"``; ``"1,024 / 8,192 (vLLM default)"`` where the pick is the default;
+    ``"none holds the SLO"`` where no pair holds it (the tuner's most-goodput pair is then no recommendation)."""
+    knobs = frame["best_max_num_seqs"].map("{:,}".format) + " / " + frame["best_max_num_batched_tokens"].map(
+        "{:,}".format) + np.where(is_default_pick(frame), " (vLLM default)", "")
+    return knobs.where(frame["holds_any"], "none holds the SLO")
 
 
 def picks_table(picks: pd.DataFrame, slo_names: dict, workload_names: dict):
-    """The tuner's pick against vLLM's default per workload, SLO and load, formatted: knobs (marked where the pick
-    is the default), goodput, the gain and the SLO load (largest p99 / bound) the pick was chosen by. Used in
-    chapter 09."""
+    """The tuner's pick against vLLM's default per workload, SLO and load, formatted: knobs (or that no pair holds
+    the SLO, and then no pick's numbers), goodput against the requests the default served, and the SLO load
+    (largest p99 / bound) of both. Used in chapter 9."""
     shown = picks.assign(workload=picks["workload"].map(workload_names), slo=picks["slo"].map(slo_names),
-                         best=_pick_knob(picks))
+                         best=_pick_knob(picks), best_goodput=picks["best_goodput"].where(picks["holds_any"]),
+                         best_slo_load=picks["best_slo_load"].where(picks["holds_any"]))
     rate, share = "{:.1f}".format, "{:.2f}".format
     return viz.display_table(shown, {
         "workload": ("workload", str), "slo": ("SLO", str), "rate_req_s": ("rate (req/s)", rate),
-        "best": ("best: max_num_seqs / max_num_batched_tokens", str), "best_goodput": ("best: goodput (req/s)", rate),
-        "default_goodput": ("vLLM default: goodput (req/s)", rate), "gain": ("gain", "×{:.2f}".format),
-        "best_slo_load": ("best: p99 / bound", share), "default_slo_load": ("vLLM default: p99 / bound", share)})
+        "best": ("pick: max_num_seqs / max_num_batched_tokens", str),
+        "best_goodput": ("pick: goodput (req/s)", rate), "default_goodput": ("vLLM default: goodput (req/s)", rate),
+        "served_req_s": ("vLLM default: served (req/s)", rate), "best_slo_load": ("pick: p99 / bound", share),
+        "default_slo_load": ("vLLM default: p99 / bound", share)})
 
 
 def headroom_table(rates: pd.DataFrame, slo_names: dict, workload_names: dict):
-    """:func:`headroom` formatted: the largest rate under each SLO, best against default, and best as a share of
-    the default's (100 % or more where the pick sustains at least the default's rate; a dash where no rate holds
-    for the default). Used in chapter 09."""
+    """:func:`headroom` formatted: the largest rate under each SLO of the pick (the most-goodput pair where none
+    holds) and of the default, ``"none"`` where no rate holds. Used in chapter 9."""
+    knobs = rates["best_max_num_seqs"].map("{:,}".format) + " / " + rates["best_max_num_batched_tokens"].map(
+        "{:,}".format)
     shown = rates.assign(workload=rates["workload"].map(workload_names), slo=rates["slo"].map(slo_names),
-                         best=_pick_knob(rates))
-    rate = "{:.1f}".format
+                         best=np.where(rates["holds_any"], _pick_knob(rates), knobs + " (most goodput)"))
 
     def largest(v):
-        return "none holds" if v == 0 else f"{v:.1f}"
-
-    def share(v):
-        return "–" if not np.isfinite(v) else f"{v:.0%}"
+        return "none" if v == 0 else f"{v:.1f}"
 
     return viz.display_table(shown, {
-        "workload": ("workload", str), "slo": ("SLO", str), "rate_req_s": ("tuned at (req/s)", rate),
-        "best": ("best: max_num_seqs / max_num_batched_tokens", str),
-        "best_max_rate_req_s": ("best: largest rate (req/s)", largest),
-        "default_max_rate_req_s": ("vLLM default: largest rate (req/s)", largest),
-        "rate_ratio": ("best / default (largest rate)", share)})
+        "workload": ("workload", str), "slo": ("SLO", str), "rate_req_s": ("tuned at (req/s)", "{:.1f}".format),
+        "best": ("pick: max_num_seqs / max_num_batched_tokens", str),
+        "best_max_rate_req_s": ("pick: largest rate (req/s)", largest),
+        "default_max_rate_req_s": ("vLLM default: largest rate (req/s)", largest)})
 
 
-def _map_data(grid: pd.DataFrame, workloads, slos, loads) -> pd.DataFrame:
-    """The chart's rows: each grid point with the indices the buttons select on, log2 knobs and a kind."""
-    data = grid.copy()
-    data["workload_i"] = data["workload"].map({w: i for i, w in enumerate(workloads)})
-    data["slo_i"] = data["slo"].map({s: i for i, s in enumerate(slos)})
-    data["load_i"] = data["load"].map({float(v): i for i, v in enumerate(loads)})
-    data["kind"] = np.select([data["best"], data["vllm_default"], data["vllm_refuses"]], MAP_KINDS, "")
-    data["goodput_text"] = np.where(data["vllm_refuses"], "", data["request_goodput"].map("{:.2g}".format))
-    for col in ("p99_ttft_ms", "p99_tpot_ms"):
-        data[col] = data[col].astype(float).round(1)
+def result_table(result):
+    """A :func:`batchlab.tune` result as two rows, the pick and vLLM's default: knobs, goodput (req/s), p99s (ms,
+    the longest gap where the SLO bounds it), SLO load and whether the p99s hold. Used in chapter 9's
+    "your own traffic", so a reader sees the answer in units rather than two dicts."""
+    rows = [{"setting": who, **point} for who, point in (("tuner's pick", result.best),
+                                                         ("vLLM default", result.defaults))]
+    frame = pd.DataFrame(rows).assign(slo_met=lambda f: f["slo_met"].map({True: "yes", False: "no"}))
+    ms, count = "{:,.0f}".format, "{:,}".format
+    columns = {"setting": ("setting", str), "max_num_seqs": ("max_num_seqs", count),
+               "max_num_batched_tokens": ("max_num_batched_tokens", count),
+               "request_goodput": ("goodput (req/s)", "{:.2f}".format), "p99_ttft_ms": ("p99 TTFT (ms)", ms),
+               "p99_tpot_ms": ("p99 TPOT (ms)", "{:,.1f}".format)}
+    if "p99_longest_itl_ms" in frame.columns:
+        columns["p99_longest_itl_ms"] = ("p99 longest gap (ms)", ms)
+    columns |= {"slo_load": ("p99 / bound", "{:.2f}".format), "slo_met": ("p99s within the SLO", str)}
+    return viz.display_table(frame, columns)
+
+
+# -- the goodput map ---------------------------------------------------------------------------------------
+def _indices(frame: pd.DataFrame, workloads, slos, loads) -> pd.DataFrame:
+    return frame.assign(workload_i=frame["workload"].map({w: i for i, w in enumerate(workloads)}),
+                        slo_i=frame["slo"].map({s: i for i, s in enumerate(slos)}),
+                        load_i=frame["load"].map({float(v): i for i, v in enumerate(loads)}))
+
+
+def _goodput_text(v: float) -> str:
+    return "" if not np.isfinite(v) else f"{v:.0f}" if v >= 10 else f"{v:.1f}" if v >= 1 else f"{v:.2f}"
+
+
+def _map_data(grid: pd.DataFrame, picks: pd.DataFrame, workloads, slos, loads) -> pd.DataFrame:
+    """The chart's rows: each grid point with the indices the controls select on, and a kind (the pick only
+    where some pair holds the SLO)."""
+    holds = picks.set_index(["workload", "slo", "load"])["holds_any"]
+    data = _indices(grid, workloads, slos, loads)
+    data["holds_any"] = holds.loc[list(zip(data["workload"], data["slo"], data["load"]))].to_numpy()
+    data["kind"] = np.select([data["best"] & data["holds_any"], data["vllm_default"], data["vllm_refuses"]],
+                             MAP_KINDS, "")
+    data["goodput_text"] = np.where(data["vllm_refuses"], "", data["request_goodput"].map(_goodput_text))
+    for col in ("p99_ttft_ms", "p99_tpot_ms", "p99_longest_itl_ms", "request_goodput"):
+        data[col] = data[col].astype(float).round(2)
     data["slo_load"] = data["slo_load"].astype(float).round(3)
+    data["share_within"] = data["share_within"].astype(float).round(4)
+    data["held"] = np.where(data["slo_met"], "yes", "no")
     keep = ["workload_i", "slo_i", "load_i", "max_num_seqs", "max_num_batched_tokens", "request_goodput",
-            "share_of_top", "slo_met", "p99_ttft_ms", "p99_tpot_ms", "slo_load", "kind", "goodput_text"]
+            "share_within", "held", "slo_met", "p99_ttft_ms", "p99_tpot_ms", "p99_longest_itl_ms", "slo_load",
+            "kind", "goodput_text"]
     return data[keep]
 
 
+def readout_label(r) -> str:
+    """Two lines read above the map for one selection (a row of :func:`tuning_grid`'s picks): the pick (or that
+    no setting holds the SLO there), then its goodput (or the largest of any pair), the default's and the
+    requests per second the default served, all in req/s. Used in chapter 9."""
+    if not r.holds_any:
+        return (f"no setting holds this SLO's p99s at {r.rate_req_s:.1f} req/s\n"
+                f"top goodput {r.top_goodput:.2f}; vLLM default {r.default_goodput:.2f} of its {r.served_req_s:.1f}")
+    same = r.best_max_num_seqs == r.default_max_num_seqs and \
+        r.best_max_num_batched_tokens == r.default_max_num_batched_tokens
+    pick = "vLLM's default itself" if same else \
+        f"{r.best_max_num_seqs:,} sequences, {r.best_max_num_batched_tokens:,} tokens"
+    return (f"pick: {pick}\ngoodput {r.best_goodput:.2f} req/s; vLLM default {r.default_goodput:.2f} "
+            f"of its {r.served_req_s:.1f}")
+
+
 def _map_readout(picks: pd.DataFrame, workloads, slos, loads) -> pd.DataFrame:
-    """Two lines per combination, read above the map: the pick, then the default and the gain (to six decimals
-    where the two tie to rounding, :func:`is_tie`; where the pick is the default, that it is)."""
-    rows = picks.assign(workload_i=picks["workload"].map({w: i for i, w in enumerate(workloads)}),
-                        slo_i=picks["slo"].map({s: i for i, s in enumerate(slos)}),
-                        load_i=picks["load"].map({float(v): i for i, v in enumerate(loads)}))
-
-    def label(r, same, tie):
-        pick = (f"pick: {r.best_max_num_seqs:,} sequences, {r.best_max_num_batched_tokens:,} tokens, goodput "
-                f"{r.best_goodput:.2f} req/s, p99/bound {r.best_slo_load:.2f}")
-        if same:
-            return f"{pick}\nthe pick is the vLLM default itself (×{r.gain:.2f}); offered {r.rate_req_s:.1f} req/s"
-        gain = f"a tie, pick ×{r.gain:.6f}" if tie else f"pick ×{r.gain:.2f}"
-        return (f"{pick}\nvLLM default: {r.default_goodput:.2f} req/s, p99/bound {r.default_slo_load:.2f}; "
-                f"{gain}; offered {r.rate_req_s:.1f} req/s")
-
-    rows["label"] = [label(r, same, tie) for r, same, tie in
-                     zip(rows.itertuples(index=False), is_default_pick(rows), is_tie(rows))]
+    rows = _indices(picks, workloads, slos, loads)
+    rows["label"] = [readout_label(r) for r in rows.itertuples(index=False)]
     return rows[["workload_i", "slo_i", "load_i", "label"]]
 
 
 def goodput_map_chart(grid: pd.DataFrame, picks: pd.DataFrame, workload_names: dict, slo_names: dict,
                       load_names: dict):
-    """The goodput map over ``max_num_seqs`` x ``max_num_batched_tokens``, the best and vLLM's default marked.
+    """The goodput map over ``max_num_seqs`` x ``max_num_batched_tokens``, the pick and vLLM's default marked.
 
-    Used in chapter 09.
+    Used in chapter 9.
 
     Parameters
     ----------
@@ -298,26 +358,24 @@ def goodput_map_chart(grid: pd.DataFrame, picks: pd.DataFrame, workload_names: d
         :func:`tuning_grid`'s two frames.
     workload_names, slo_names, load_names : dict
         The workloads, SLO specs and loads of the grid, in the order of their buttons, each mapped to the label
-        a reader sees (``{"ttft:500 tpot:50": "TTFT 500 ms, TPOT 50 ms"}``, ``{1.0: "trace's rate"}``).
+        a reader sees (``{"ttft:500 tpot:50": "TTFT 500 ms, TPOT 50 ms"}``, ``{0.95: "95 % of capacity"}``).
 
     Returns
     -------
-    altair chart: two lines reading the selection (the tuner's pick, its goodput and p99 / bound, the
-    default's, the gain, to six decimals and called a tie where it is within :data:`TIE_TOL` of 1, the offered
-    rate; where the pick is the default, that it is), over a heatmap with the
-    token budget across (tokens, powers of two: a log-2 axis) and the sequence cap down (sequences), each cell
-    coloured by its goodput as a share of the largest at that selection and labelled with its goodput (req/s); the
-    pick is a black square, vLLM's default a diamond, pairs vLLM refuses a cross, and cells whose p99 latencies
-    hold the SLO are outlined. Three rows of radio buttons pick the workload, the SLO (labelled in ms) and the
-    load.
+    altair chart: two lines reading the selection (:func:`readout_label`) over a heatmap with the token budget
+    across (tokens) and the sequence cap down (sequences), each cell coloured by the share of the requests
+    served that met every bound and labelled with its goodput (req/s); the pick is a black square (only where
+    some pair holds the SLO's p99s), vLLM's default a diamond, pairs vLLM refuses a cross, and cells whose p99
+    latencies hold the SLO are outlined in orange. A row of radio buttons each picks the workload, the SLO
+    (labelled in ms) and the load.
     """
     workloads, slos, loads = list(workload_names), list(slo_names), list(load_names)
-    data = _map_data(grid, workloads, slos, loads)
+    data = _map_data(grid, picks, workloads, slos, loads)
     params, preds = [], []
-    for name, field, labels, label in (("workload_i", "workload_i", [workload_names[w] for w in workloads], "workload"),
-                                       ("slo_i", "slo_i", [slo_names[s] for s in slos], "SLO"),
-                                       ("load_i", "load_i", [load_names[v] for v in loads], "load")):
-        param, pred = viz.grid_param(name, range(len(labels)), label, field=field, labels=labels)
+    for name, labels, label in (("workload_i", [workload_names[w] for w in workloads], "workload"),
+                                ("slo_i", [slo_names[s] for s in slos], "SLO"),
+                                ("load_i", [load_names[v] for v in loads], "load")):
+        param, pred = viz.grid_param(name, range(len(labels)), label, labels=labels, control="radio")
         params.append(param)
         preds.append(pred)
     chosen = " && ".join(preds)
@@ -326,29 +384,147 @@ def goodput_map_chart(grid: pd.DataFrame, picks: pd.DataFrame, workload_names: d
                  axis=alt.Axis(labelAngle=-45, labelExpr=thousands))
     yenc = alt.Y("max_num_seqs:O", title="max_num_seqs (sequences)", sort="descending",
                  axis=alt.Axis(labelExpr=thousands))
-    tooltip = ["max_num_seqs:Q", "max_num_batched_tokens:Q",
-               alt.Tooltip("request_goodput:Q", format=".3f", title="goodput (req/s)"),
-               alt.Tooltip("p99_ttft_ms:Q", format=",.0f", title="p99 TTFT (ms)"),
-               alt.Tooltip("p99_tpot_ms:Q", format=",.1f", title="p99 TPOT (ms)"),
-               alt.Tooltip("slo_load:Q", format=".3f", title="SLO load (largest p99 / bound)"),
-               alt.Tooltip("slo_met:N", title="p99 within the SLO")]
+    tooltip = [viz.tip("max_num_seqs", "max_num_seqs (sequences)", ","),
+               viz.tip("max_num_batched_tokens", "max_num_batched_tokens (tokens)", ","),
+               viz.tip("request_goodput", "goodput (req/s)", ".2f"),
+               viz.tip("share_within", "requests within the SLO (share)", ".1%"),
+               viz.tip("p99_ttft_ms", "p99 TTFT (ms)", ",.0f"), viz.tip("p99_tpot_ms", "p99 TPOT (ms)", ",.1f"),
+               viz.tip("p99_longest_itl_ms", "p99 longest gap (ms)", ",.0f"),
+               viz.tip("slo_load", "SLO load (largest p99 / bound)", ".2f"),
+               viz.tip("held", "p99s within the SLO", kind="N")]
     base = alt.Chart(data).transform_filter(chosen).encode(x=xenc, y=yenc)
     cells = base.mark_rect(stroke="white", strokeWidth=1).encode(
-        color=alt.Color("share_of_top:Q", title="goodput (share of the largest)",
+        color=alt.Color("share_within:Q", title="requests within the SLO",
                         scale=alt.Scale(scheme=MAP_SCHEME, domain=[0, 1]),
-                        legend=alt.Legend(format=".0%", orient="bottom", gradientLength=200, values=[0, 0.5, 1])),
+                        legend=alt.Legend(format=".0%", orient="bottom", gradientLength=200, values=[0, 0.5, 1],
+                                          titleLimit=0, labelLimit=0)),
         tooltip=tooltip)
-    held = base.transform_filter("datum.slo_met").mark_rect(filled=False, stroke="#e69f00", strokeWidth=2.5)
-    text = base.mark_text(fontSize=9, dy=8).encode(
+    held = base.transform_filter("datum.slo_met").mark_rect(filled=False, stroke="#e69f00", strokeWidth=2)
+    text = base.mark_text(fontSize=8, dy=6).encode(
         text="goodput_text:N",
-        color=alt.when("datum.share_of_top > 0.6").then(alt.value("white")).otherwise(alt.value("black")))
+        color=alt.when("datum.share_within > 0.6").then(alt.value("white")).otherwise(alt.value("black")))
     shape = alt.Shape("kind:N", title=None, scale=alt.Scale(domain=list(MAP_KINDS), range=list(MAP_SHAPES)),
-                      legend=alt.Legend(orient="bottom"))
+                      legend=alt.Legend(orient="bottom", labelLimit=0))
     marks = base.transform_filter("datum.kind != ''").mark_point(
-        filled=True, size=70, color="black", stroke="white", strokeWidth=1, yOffset=-7).encode(
+        filled=True, size=45, color="black", stroke="white", strokeWidth=1, yOffset=-5).encode(
         shape=shape, tooltip=tooltip)
     readout = alt.Chart(_map_readout(picks, workloads, slos, loads)).transform_filter(chosen).mark_text(
-        align="left", baseline="top", fontSize=12, fontWeight="bold", color="#333333", lineBreak="\n",
-        lineHeight=16).encode(x=alt.value(0), y=alt.value(0), text="label:N").properties(width=MAP_WIDTH, height=30)
-    heat = alt.layer(cells, held, text, marks).properties(width=MAP_WIDTH, height=300)
+        align="left", baseline="top", fontSize=11, color="#333333", lineBreak="\n", lineHeight=15).encode(
+        x=alt.value(0), y=alt.value(0), text="label:N").properties(width=MAP_WIDTH, height=30)
+    heat = alt.layer(cells, held, text, marks).properties(width=MAP_WIDTH, height=330)
     return alt.vconcat(readout, heat, spacing=4).add_params(*params)
+
+
+# -- the chapter's run, and the facts other pages glue ---------------------------------------------------------
+def chapter_grid():
+    """:func:`tuning_grid` of the chapter: :data:`WORKLOADS` (the conv and code scenes), :data:`SLOS`,
+    :data:`LOADS`, the scenes' requests and seed, on their cost model. Cached."""
+    s = scenes.scene("conv")
+    return tuning_grid(s.cost(), tuple(WORKLOADS), SLOS, tuple(LOADS), s.n_requests, seed=s.seed)
+
+
+def chapter_headroom() -> pd.DataFrame:
+    """:func:`headroom` of :func:`chapter_grid`'s picks. Cached."""
+    s = scenes.scene("conv")
+    return headroom(s.cost(), chapter_grid()[1], s.n_requests, seed=s.seed)
+
+
+def _row(frame: pd.DataFrame, workload: str, spec: str, load: float) -> pd.Series:
+    at = frame[(frame["workload"] == workload) & (frame["slo"] == spec) & np.isclose(frame["load"], load)]
+    if len(at) != 1:
+        raise ValueError(f"no single row for {workload!r}, {spec!r}, load {load!r}")
+    return at.iloc[0]
+
+
+NEAR = two_knobs.CONV_LOADS["near"]
+CONV, CODE = WORKLOADS
+
+
+def _pick(workload: str, spec: str, load: float = NEAR) -> pd.Series:
+    return _row(chapter_grid()[1], workload, spec, load)
+
+
+def _rates(workload: str, spec: str, load: float = NEAR) -> pd.Series:
+    return _row(chapter_headroom(), workload, spec, load)
+
+
+@facts.fact("code_capacity_req_s", scene="code", unit="req/s", fmt=".1f", chapter="tuning",
+            text="the capacity of the code scene: requests per second the server completes with every request "
+                 "queued at time 0 and vLLM's defaults")
+def _code_capacity():
+    return two_knobs.scene_capacity("code")
+
+
+@facts.fact("code_simultaneous_share", scene="code", fmt=".0%", chapter="tuning",
+            text="the share of the code scene's requests that arrive at the same instant as the one before: its "
+                 "gamma renewal at the trace's inter-arrival CV of about 13 sends them in bursts")
+def _code_together():
+    return float((np.diff(scenes.scene("code").requests().arrival_s) == 0).mean())
+
+
+@facts.fact("tuning_usual_slo", scene="conv", chapter="tuning",
+            text="the usual SLO of chapter 9, in words (bounds on TTFT and TPOT, as vllm bench serve --goodput)")
+def _usual_slo():
+    return slo_label(parse_goodput(SLOS[0]))
+
+
+@facts.fact("tuning_itl_slo", scene="conv", chapter="tuning",
+            text="chapter 9's SLO with a stall bound, in words: the usual bounds and each request's longest gap")
+def _itl_slo():
+    return slo_label(parse_goodput(SLOS[1]))
+
+
+@facts.fact("tuning_itl_bound_ms", scene="conv", unit="ms", fmt=",.0f", chapter="tuning",
+            text="the bound chapter 9 puts on each request's longest gap between two tokens (itl:)")
+def _itl_bound():
+    return int(parse_goodput(SLOS[1]).itl_ms)
+
+
+def _tuning_fact(name, unit, fmt, text, compute):
+    facts.fact(f"tuning_{name}", scene="conv", unit=unit, fmt=fmt, chapter="tuning",
+               text=f"{text}, on the conversation scene at its near load (95 % of capacity)")(compute)
+
+
+_tuning_fact("itl_pick_max_num_seqs", "sequences", ",.0f", "max_num_seqs the tuner picks under the stall-bound SLO",
+             lambda: int(_pick(CONV, SLOS[1])["best_max_num_seqs"]))
+_tuning_fact("itl_pick_max_num_batched_tokens", "tokens", ",.0f",
+             "max_num_batched_tokens the tuner picks under the stall-bound SLO",
+             lambda: int(_pick(CONV, SLOS[1])["best_max_num_batched_tokens"]))
+_tuning_fact("itl_pick_goodput_req_s", "req/s", ".1f", "goodput of the tuner's pick under the stall-bound SLO",
+             lambda: float(_pick(CONV, SLOS[1])["best_goodput"]))
+_tuning_fact("itl_default_goodput_req_s", "req/s", ".1f", "goodput of vLLM's default under the stall-bound SLO",
+             lambda: float(_pick(CONV, SLOS[1])["default_goodput"]))
+_tuning_fact("served_req_s", "req/s", ".1f", "requests per second vLLM's default serves (its goodput's ceiling)",
+             lambda: float(_pick(CONV, SLOS[1])["served_req_s"]))
+_tuning_fact("itl_pick_p99_longest_ms", "ms", ",.0f", "p99 of each request's longest gap with the stall-bound pick",
+             lambda: float(_pick(CONV, SLOS[1])["best_p99_longest_itl_ms"]))
+_tuning_fact("default_p99_longest_ms", "ms", ",.0f", "p99 of each request's longest gap with vLLM's default",
+             lambda: float(_pick(CONV, SLOS[1])["default_p99_longest_itl_ms"]))
+_tuning_fact("itl_pick_max_rate_req_s", "req/s", ".1f",
+             "the largest rate the stall-bound pick sustains under that SLO (bl.max_rate)",
+             lambda: float(_rates(CONV, SLOS[1])["best_max_rate_req_s"]))
+_tuning_fact("itl_default_max_rate_req_s", "req/s", ".1f",
+             "the largest rate vLLM's default sustains under the stall-bound SLO (bl.max_rate)",
+             lambda: float(_rates(CONV, SLOS[1])["default_max_rate_req_s"]))
+
+
+@facts.fact("tuning_usual_gain_max", scene="conv", fmt=".2f", chapter="tuning",
+            text="on the conversation scene under the usual SLO (TTFT and TPOT), the largest goodput of the tuner's "
+                 "pick over vLLM's default's, at either load (50 % and 95 % of capacity)")
+def _usual_gain():
+    picks = chapter_grid()[1]
+    return float(picks.loc[(picks["workload"] == CONV) & (picks["slo"] == SLOS[0]), "gain"].max())
+
+
+def _code_fact(who: str):
+    words = {"best": "the tuner's most-goodput pair", "default": "vLLM's default"}[who]
+
+    @facts.fact(f"tuning_code_{who}_max_rate_req_s", scene="code", unit="req/s", fmt=".1f", chapter="tuning",
+                text=f"the largest rate at which {words} holds the usual SLO's p99s on the code scene (tuned at 95 % "
+                     f"of its capacity; 0: no rate)")
+    def _code():
+        return float(_rates(CODE, SLOS[0])[f"{who}_max_rate_req_s"])
+
+
+for _who in ("best", "default"):
+    _code_fact(_who)

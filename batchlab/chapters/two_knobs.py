@@ -1,14 +1,18 @@
-"""Chapter 08, the two knobs: ``max_num_seqs`` and ``max_num_batched_tokens`` swept together.
+"""Chapter 8, the two knobs: ``max_num_seqs`` and ``max_num_batched_tokens`` swept together.
 
 :func:`two_knob_sweep` runs every pair under ``chunked`` at several request rates, expressed against the
 server's capacity (:func:`saturation_rate`), except the pairs vLLM refuses to start with, which it keeps as
-rows without numbers; the frontier and the readings of the sweep live in :mod:`batchlab.sweep`
-(:func:`~batchlab.sweep.with_frontier`, :func:`~batchlab.sweep.seqs_plateau`,
-:func:`~batchlab.sweep.default_vs_best`). :func:`two_knobs_chart` draws every operating point with buttons
-over both knobs, the p99 TTFT axis clamped to the band that matters (:func:`carrying_domain`; slower runs sit on
-its edge), the trail of configurations the buttons have picked, and the grid of pairs with the refused ones
-crossed out. :func:`ttft_grid_table`, :func:`runs_table` and :func:`vllm_defaults_style` format the tables
-(:func:`format_ms`: milliseconds below a second, seconds above).
+rows without numbers. The frontier comes from :func:`batchlab.sweep.with_frontier`, where p99 TTFT stops
+improving from :func:`batchlab.sweep.seqs_plateau`. :func:`default_vs_pick` reads the sweep per rate: vLLM's
+default beside the pair with the lowest p99 ITL at as good a p99 TTFT and the same throughput.
+:func:`two_knobs_chart` draws every operating point behind two sliders (one per knob) and a rate selector that
+shows one rate's runs alone or every load together, the trail of pairs the sliders have visited, and the grid
+of pairs with the refused ones crossed out. :func:`runs_table` and :func:`vllm_defaults_style` format the
+tables (:func:`format_ms`: milliseconds below a second, seconds above).
+
+The end of the module registers the facts other pages glue (:mod:`batchlab.chapters.facts`): the conversation
+scene's capacity, its four loads, its mean lengths, vLLM's KV pool and default knobs, the plateau of
+``max_num_seqs``, the default and the pick at the near load, and what the overloaded default run holds.
 """
 from __future__ import annotations
 
@@ -19,22 +23,33 @@ import pandas as pd
 from .. import viz
 from ..hardware import get_hardware
 from ..sim import simulate, vllm_defaults
-from ..sweep import sweep
+from ..sweep import seqs_plateau, sweep, with_frontier
 from ..workload import preset
 from . import facts, scenes
 
+# The chapter's grid: powers of two and the halfway steps between them (1.5 x a power of two), so that each
+# slider moves through 15 and 11 positions; encoded as their index, an evenly spaced grid for a slider.
+MAX_NUM_SEQS = (8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
+MAX_NUM_BATCHED_TOKENS = (512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384)
+SAME_THROUGHPUT = 0.01  # throughputs (and p99 ITLs) within 1 % count as equal
+PLATEAU = 0.05  # a p99 TTFT within 5 % of another counts as as good
+CONV_LOADS = {"light": 0.5, "moderate": 0.8, "near": 0.95, "over": 1.2}  # the conv scene's rates, x capacity
+
 TWO_KNOB_KINDS = ("accepted", "refused by vLLM", "vLLM serve default", "vLLM offline default")
 TWO_KNOB_SHAPES = ("circle", "cross", "diamond", "square")
-OFF_AXIS_KINDS = {"above": ("above the axis (true value in the tooltip)", "triangle-up"),
-                  "below": ("below the axis (true value in the tooltip)", "triangle-down")}
-HIGHLIGHT = viz.PALETTE[2]  # green: the point the buttons pick, and the trail of the ones picked before
+HIGHLIGHT = viz.PALETTE[2]  # green: the point the sliders pick, and the trail of the pairs picked before
 # Loads, low to high: blue, orange, reddish purple, black; no two of one hue (sky blue beside blue, vermillion
 # beside orange read as pairs) and no green, that is the highlight.
 RATE_COLORS = [viz.PALETTE[i] for i in (0, 1, 4, 7, 5, 3)]
 FRONTIER_COLOR = "#777777"  # grey: black is a rate
 TWO_KNOB_WIDTH = 470  # px: with the axis labels the chart fits the book's text column
-TRAIL = "visited"  # the selection holding every configuration the buttons have picked
-_STEPS_125 = (1.0, 1.5, 2.0, 3.0, 5.0, 7.0)  # round bounds for a log axis
+TRAIL = "visited"  # the selection holding every pair the sliders have picked
+EVERY_LOAD = "every load"  # the rate selector's last choice: all rates together
+# Log-axis labels of a latency in ms, in the reader's unit: 1, 2 and 5 times a power of ten, "200 ms", "5 s".
+_MANTISSA = "datum.value / pow(10, floor(log(datum.value) / LN10 + 1e-9))"
+DURATION_LABEL = (f"(abs({_MANTISSA} - 1) < 1e-6 || abs({_MANTISSA} - 2) < 1e-6 || abs({_MANTISSA} - 5) < 1e-6)"
+                  " ? (datum.value < 1000 ? format(datum.value, '~g') + ' ms' : format(datum.value / 1000, '~g')"
+                  " + ' s') : ''")
 
 
 def saturation_rate(cost, workload: str, n_requests: int, *, seed=0, **knobs) -> float:
@@ -43,7 +58,7 @@ def saturation_rate(cost, workload: str, n_requests: int, *, seed=0, **knobs) ->
     The capacity that request rates are expressed against: ``request_throughput`` of one ``chunked`` run of
     ``preset(workload, n_requests, rate_req_s=inf, seed=seed)`` with ``knobs`` (vLLM's defaults for the GPU if
     none). The drain at the end of the run, when fewer requests are left than the batch holds, is included,
-    so this is slightly below the steady-state capacity. Used in chapters 08 and 12.
+    so this is slightly below the steady-state capacity. Used in chapters 8, 9 and 12.
 
     Parameters
     ----------
@@ -64,6 +79,7 @@ def saturation_rate(cost, workload: str, n_requests: int, *, seed=0, **knobs) ->
     return float(simulate(stream, "chunked", cost, **knobs).summary()["request_throughput"])
 
 
+@facts.memo
 def two_knob_sweep(cost, workload: str, rates_req_s, max_num_seqs, max_num_batched_tokens, *,
                    n_requests: int = 3000, seed=0, executor=None) -> pd.DataFrame:
     """Every (``max_num_seqs``, ``max_num_batched_tokens``) pair under ``chunked`` at every request rate.
@@ -71,7 +87,8 @@ def two_knob_sweep(cost, workload: str, rates_req_s, max_num_seqs, max_num_batch
     Each rate replays ``preset(workload, n_requests, rate_req_s, seed)``; with one seed the prompt and output
     lengths are the same at every rate and the arrival gaps only scale (common random numbers). A pair with
     ``max_num_batched_tokens < max_num_seqs`` is not simulated: vLLM's ``SchedulerConfig`` refuses to start with
-    it (and :func:`batchlab.simulate` raises), so its row has no numbers. Used in chapters 08 and 12.
+    it (and :func:`batchlab.simulate` raises), so its row has no numbers. Results are cached
+    (:func:`batchlab.chapters.facts.memo`). Used in chapters 8 and 12.
 
     Parameters
     ----------
@@ -110,10 +127,86 @@ def two_knob_sweep(cost, workload: str, rates_req_s, max_num_seqs, max_num_batch
     return pd.concat(parts, ignore_index=True)
 
 
+def default_vs_pick(df: pd.DataFrame, defaults: dict, *, same: float = SAME_THROUGHPUT, ttft_tol: float = PLATEAU,
+                    x: str = "output_throughput", ttft: str = "p99_ttft_ms", itl: str = "p99_itl_ms",
+                    also=("p99_tpot_ms",)) -> pd.DataFrame:
+    """Per rate, vLLM's default beside the pair we would pick instead, read at that rate alone.
+
+    The pick is, among the pairs vLLM accepts at the same rate that deliver the default's throughput (at least
+    ``1 - same`` of it) with as good a p99 TTFT (at most ``1 + ttft_tol`` times the default's), the one with
+    the lowest p99 ITL; p99 ITLs within ``same`` of the lowest tie, and of tied pairs the one nearest vLLM's
+    default wins (the fewest halvings or doublings of the two knobs), so a knob the traffic never presses stays
+    where vLLM puts it. The default is always a candidate, so the pick's p99 ITL is never above the default's.
+    Used in chapter 8 (and its facts, which chapter 9, the cheat sheet and the intro glue).
+
+    Parameters
+    ----------
+    df : DataFrame
+        A two-knob sweep (:func:`two_knob_sweep`).
+    defaults : dict
+        ``max_num_seqs`` and ``max_num_batched_tokens`` of vLLM's default (:func:`batchlab.vllm_defaults`).
+    same, ttft_tol : float
+        Relative tolerances (0 to 1) on throughput and p99 ITL, and on p99 TTFT.
+    x, ttft, itl : str
+        Throughput (tok/s) and the two latencies (ms).
+    also : sequence of str
+        Further columns reported for both.
+
+    Returns
+    -------
+    DataFrame
+        One row per rate: ``rate_req_s``; ``default_<col>`` and ``pick_<col>`` for ``x``, ``ttft``, ``itl`` and
+        ``also``; ``pick_max_num_seqs``, ``pick_max_num_batched_tokens``; ``lowest_<ttft>`` (the lowest p99 TTFT
+        at the default's throughput and rate) and ``itl_ratio`` (the default's p99 ITL over the pick's).
+    """
+    if not (0 <= same < 1 and 0 <= ttft_tol < 1):
+        raise ValueError(f"same and ttft_tol must be in [0, 1), got {same!r} and {ttft_tol!r}")
+    ok = df[~df["vllm_refuses"]]
+    cols = list(dict.fromkeys([x, ttft, itl, *also]))
+    steps = sum(np.abs(np.log2(ok[k] / defaults[k])) for k in ("max_num_seqs", "max_num_batched_tokens"))
+    rows = []
+    for rate, g in ok.groupby("rate_req_s", sort=True):
+        dflt = g[(g["max_num_seqs"] == defaults["max_num_seqs"])
+                 & (g["max_num_batched_tokens"] == defaults["max_num_batched_tokens"])].iloc[0]
+        peers = g[g[x] >= dflt[x] * (1 - same)]
+        close = peers[peers[ttft] <= dflt[ttft] * (1 + ttft_tol)]
+        tied = close[close[itl] <= close[itl].min() * (1 + same)]
+        pick = tied.loc[steps[tied.index].idxmin()]
+        rows.append({"rate_req_s": rate} | {f"default_{c}": float(dflt[c]) for c in cols}
+                    | {f"pick_{k}": int(pick[k]) for k in ("max_num_seqs", "max_num_batched_tokens")}
+                    | {f"pick_{c}": float(pick[c]) for c in cols} | {f"lowest_{ttft}": float(peers[ttft].min()),
+                                                                      "itl_ratio": float(dflt[itl] / pick[itl])})
+    return pd.DataFrame(rows)
+
+
+def rates_phrase(rates, where) -> str:
+    """Where a reading holds, in words: ``"at each of the three loads below capacity"``, ``"from 16.7 req/s on"``,
+    ``"at 10.4 and 19.8 req/s"`` or ``"at none of the loads below capacity"``.
+
+    ``rates`` are the loads considered (req/s), ``where`` a boolean per rate. Used in chapter 8, so that a
+    sentence says exactly the loads at which it holds.
+    """
+    rates, where = np.asarray(rates, dtype=float), np.asarray(where, dtype=bool)
+    if rates.shape != where.shape or rates.size == 0:
+        raise ValueError(f"rates and where must be non-empty and of one length, got {rates.size} and {where.size}")
+    order = np.argsort(rates)
+    rates, where = rates[order], where[order]
+    if where.all():
+        count = {2: "both", 3: "each of the three", 4: "each of the four"}.get(rates.size, f"each of the {rates.size}")
+        return f"at {count} loads below capacity" if rates.size > 1 else f"at {rates[0]:.1f} req/s"
+    if not where.any():
+        return "at none of the loads below capacity"
+    first = int(np.argmax(where))
+    if where[first:].all() and rates.size - first > 1:
+        return f"from {rates[first]:.1f} req/s on"
+    shown = [f"{r:.1f}" for r in rates[where]]
+    return f"at {shown[0]} req/s" if len(shown) == 1 else f"at {', '.join(shown[:-1])} and {shown[-1]} req/s"
+
+
 def vllm_defaults_table(gpus=("h100-sxm", "h200", "a100-80gb")) -> pd.DataFrame:
     """vLLM's default knobs per GPU (:func:`batchlab.vllm_defaults`): they depend on the GPU, not on the model.
 
-    Used in chapters 08 and 12.
+    Used in chapters 8 and 12.
 
     Parameters
     ----------
@@ -136,53 +229,10 @@ def vllm_defaults_table(gpus=("h100-sxm", "h200", "a100-80gb")) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def compared_ttft(df: pd.DataFrame, defaults: dict, capacity: float) -> pd.Series:
-    """p99 TTFT (ms) of the runs a reader compares: the frontier's and the default pair's below ``capacity``
-    (req/s). Used in chapter 08."""
-    under = df[df["rate_req_s"] < capacity]
-    at_default = ((under["max_num_seqs"] == defaults["max_num_seqs"])
-                  & (under["max_num_batched_tokens"] == defaults["max_num_batched_tokens"]))
-    return under.loc[under["frontier"] | at_default, "p99_ttft_ms"]
-
-
-def ttft_axis(df: pd.DataFrame, defaults: dict, capacity: float) -> list[float]:
-    """The p99 TTFT axis (ms) of :func:`two_knobs_chart`: :func:`carrying_domain` of :func:`compared_ttft`.
-    Used in chapter 08."""
-    return carrying_domain(compared_ttft(df, defaults, capacity))
-
-
-def carrying_domain(values, pad: float = 1.5) -> list[float]:
-    """A log axis's domain that carries ``values``: their span widened by ``pad`` and rounded outward.
-
-    Bounds come from 1, 1.5, 2, 3, 5, 7 times a power of ten. Used in chapter 08 to clamp the p99 TTFT axis to
-    the frontier and the defaults below capacity, so that a 300 ms difference is not squeezed by runs that
-    queue for minutes (those are drawn at the edge, :func:`two_knobs_chart`).
-
-    Parameters
-    ----------
-    values : array-like of float
-        Positive values (e.g. ms).
-    pad : float
-        Factor (>= 1) by which the span is widened at each end before rounding.
-
-    Returns
-    -------
-    list of float
-        ``[lo, hi]`` with ``lo <= min(values) / pad`` and ``hi >= max(values) * pad``.
-    """
-    v = np.asarray(values, dtype=float)
-    v = v[np.isfinite(v) & (v > 0)]
-    if v.size == 0 or pad < 1:
-        raise ValueError(f"carrying_domain needs positive values and pad >= 1, got {v.size} values, pad {pad!r}")
-    grid = np.array([m * 10.0 ** k for k in range(-6, 10) for m in _STEPS_125])
-    lo, hi = v.min() / pad, v.max() * pad
-    return [float(grid[grid <= lo * (1 + 1e-12)].max()), float(grid[grid >= hi * (1 - 1e-12)].min())]
-
-
 def format_ms(ms: float) -> str:
     """A latency as a reader reads it: ``"412 ms"`` below a second, ``"11.1 s"`` below a minute, ``"468 s"`` above.
 
-    NaN (a pair vLLM refuses, never run) reads ``"refused"``. Used in chapter 08's tables.
+    NaN (a pair vLLM refuses, never run) reads ``"refused"``. Used in chapter 8's tables.
     """
     if not np.isfinite(ms):
         return "refused"
@@ -191,27 +241,19 @@ def format_ms(ms: float) -> str:
     return f"{ms / 1e3:,.1f} s" if ms < 60e3 else f"{ms / 1e3:,.0f} s"
 
 
-def ttft_grid_table(df: pd.DataFrame, rate_req_s: float, col: str = "p99_ttft_ms"):
-    """The grid of pairs at one rate, ``col`` (ms) formatted by :func:`format_ms`; refused pairs say so.
-
-    Used in chapter 08. Returns a pandas ``Styler``: rows ``max_num_seqs`` (sequences), columns
-    ``max_num_batched_tokens`` (tokens).
-    """
-    at = df[np.isclose(df["rate_req_s"], rate_req_s)]
-    table = at.pivot(index="max_num_seqs", columns="max_num_batched_tokens", values=col)
-    table.index.name, table.columns.name = "max_num_seqs (sequences)", "max_num_batched_tokens (tokens)"
-    return table.style.format(format_ms).format_index("{:,}", axis=0).format_index("{:,}", axis=1)
-
-
 def runs_table(df: pd.DataFrame, columns: dict):
-    """Rows of a sweep or of :func:`batchlab.sweep.default_vs_best`, with readable headers and units.
+    """Rows of a sweep or of :func:`default_vs_pick`, with readable headers and units.
 
     ``columns`` maps a column to its header; columns ending in ``_ms`` read through :func:`format_ms`, rates
-    with one decimal, throughputs and knobs with thousands separators. Used in chapter 08. Returns a ``Styler``
-    without the index.
+    with one decimal, ratios (``_ratio``) with one decimal and a ×, shares (``load``) as percentages, throughputs
+    and knobs with thousands separators. Used in chapter 8. Returns a ``Styler`` without the index.
     """
     def fmt(col):
-        return format_ms if col.endswith("_ms") else "{:.1f}" if "rate_req_s" in col else "{:,.0f}"
+        if col.endswith("_ms"):
+            return format_ms
+        if col.endswith("_ratio"):
+            return "×{:.1f}".format
+        return "{:.0%}".format if col == "load" else "{:.1f}".format if "rate_req_s" in col else "{:,.0f}".format
 
     return viz.display_table(df, {col: (header, fmt(col)) for col, header in columns.items()}, na_rep=None)
 
@@ -219,7 +261,7 @@ def runs_table(df: pd.DataFrame, columns: dict):
 def vllm_defaults_style(table: pd.DataFrame):
     """:func:`vllm_defaults_table` with the GPUs' names and headers in words and units (a ``Styler``).
 
-    Used in chapter 08. ``table`` may be indexed by ``gpu``.
+    Used in chapter 8. ``table`` may be indexed by ``gpu``.
     """
     table = table if "gpu" in table.columns else table.reset_index()
     shown = table.assign(gpu=table["gpu"].map(lambda g: viz.GPU_NAMES.get(g, g)))
@@ -231,13 +273,19 @@ def vllm_defaults_style(table: pd.DataFrame):
         "max_num_batched_tokens_offline": ("max_num_batched_tokens, offline LLM (tokens)", count)})
 
 
+# -- the chart ----------------------------------------------------------------------------------------------
 def _knob_points(df, defaults, offline_tokens, x, y, y2):
-    """The chart's data: every run with its log2 knobs and kind, and the default configurations' runs."""
+    """The chart's data: every run with the index of each knob and of its rate, and its kind; and the default
+    configurations' runs."""
     cols = ["rate_req_s", "max_num_seqs", "max_num_batched_tokens", "vllm_refuses", "frontier", x, y, y2]
+    cols += [c for c in ("p99_tpot_ms",) if c in df.columns and c not in cols]
     data = df[cols].copy()
-    data["log2_seqs"] = np.log2(data["max_num_seqs"]).round().astype(int)
-    data["log2_tokens"] = np.log2(data["max_num_batched_tokens"]).round().astype(int)
+    for col, name in (("max_num_seqs", "seqs_i"), ("max_num_batched_tokens", "tokens_i"), ("rate_req_s", "rate_i")):
+        data[name] = data[col].map({v: i for i, v in enumerate(np.sort(data[col].unique()))}).astype(int)
     data["kind"] = np.where(data["vllm_refuses"], TWO_KNOB_KINDS[1], TWO_KNOB_KINDS[0])
+    data["front"] = data["frontier"].astype(int)  # the grid draws frontier pairs last, on top
+    data[x] = data[x].round(1)  # the page inlines the data: no more digits than a reader can see
+    data[[y, y2]] = data[[y, y2]].round(2)
     at_seqs = data["max_num_seqs"] == defaults["max_num_seqs"]
     marks = [data[at_seqs & (data["max_num_batched_tokens"] == defaults["max_num_batched_tokens"])].assign(
         kind=TWO_KNOB_KINDS[2])]
@@ -246,186 +294,230 @@ def _knob_points(df, defaults, offline_tokens, x, y, y2):
     return data, pd.concat(marks, ignore_index=True)
 
 
-def two_knobs_chart(df: pd.DataFrame, defaults: dict, offline_tokens: int | None = None, rate_req_s=None,
-                    x: str = "output_throughput", y: str = "p99_ttft_ms", y2: str = "p99_itl_ms",
-                    y_domain=None):
-    """Every operating point of a two-knob sweep, its frontier, vLLM's defaults, the chosen point and its trail.
+def _knob_param(data, name: str, column: str, label: str, default: int):
+    """A slider over one knob's grid, encoded as the index of its value, labelled in the knob's unit."""
+    values = np.sort(data[column].unique())
+    start = int(np.abs(values - default).argmin())
+    return viz.grid_param(name, range(values.size), label, value=start, labels=[f"{int(v):,}" for v in values])
 
-    Used in chapter 08.
+
+def two_knobs_chart(df: pd.DataFrame, defaults: dict, offline_tokens: int | None = None, rate_req_s=None,
+                    x: str = "output_throughput", y: str = "p99_ttft_ms", y2: str = "p99_itl_ms"):
+    """Every operating point of a two-knob sweep, vLLM's defaults, the chosen pair and its trail, per rate or all.
+
+    Used in chapter 8.
 
     Parameters
     ----------
     df : DataFrame
         :func:`two_knob_sweep` with a boolean ``frontier`` column (:func:`batchlab.sweep.with_frontier`):
-        ``rate_req_s`` (req/s), ``max_num_seqs``, ``max_num_batched_tokens`` (powers of two), ``vllm_refuses``,
-        ``x``, ``y``, ``y2``.
+        ``rate_req_s`` (req/s), ``max_num_seqs``, ``max_num_batched_tokens``, ``vllm_refuses``, ``x``, ``y``,
+        ``y2`` (and ``p99_tpot_ms``, for the tooltip, if present).
     defaults : dict
         vLLM's ``vllm serve`` defaults (:func:`batchlab.vllm_defaults`): the knobs selected at first and a
         marked point.
     offline_tokens : int, optional
         ``max_num_batched_tokens`` of the offline default (same ``max_num_seqs``), marked too.
     rate_req_s : float, optional
-        The rate selected at first (req/s; default: the second highest).
+        The rate selected at first (req/s; default: every load together).
     x, y, y2 : str
         Throughput (tok/s) and the two latencies (ms): ``y`` in the top panel with the frontier, ``y2`` below.
-    y_domain : (float, float), optional
-        The top panel's log axis (ms), e.g. :func:`carrying_domain` of the points that matter. Runs beyond it
-        are drawn on its edge as triangles, their true value in the tooltip. Default: every accepted run.
 
     Returns
     -------
-    altair chart: a row of radio buttons per knob, labelled in sequences and tokens (a select box for a grid of
-    more than eight values; the parameters hold each knob's log2), and one for the rate, colours distinct per
-    rate. The buttons pick the green point; every configuration picked before stays as a faded green ring (the
-    trail: the selection ``visited``, which each change of the buttons adds to; clicking a run adds or removes
-    it too). The points of the selected rate are drawn stronger than the rest, and the text above reads the
-    chosen configuration. Pairs vLLM refuses have no operating point: the grid at the bottom draws them as
-    crosses beside the accepted pairs (black on the frontier at the selected rate), a picked one as a green
-    cross, and the text says so.
+    altair chart: a slider per knob (its positions the grid's values, shown in sequences and tokens) and radio
+    buttons for the rate, one per rate and one for every load. One rate shows that rate's runs alone, on a
+    latency axis fitted to them (log, labelled in ms and s); every load shows all of them with the frontier
+    through them. The throughput axis is the same in both, so at one rate below capacity the runs that keep up
+    stand in one column and the sliders move the green point up and down. The readout above reads the chosen
+    pair at the selected rate (or at each rate), durations in ms below ten seconds and in s above
+    (:func:`batchlab.viz.duration_text`); every pair picked before stays as a faded green ring (the selection
+    ``visited``; clicking a run adds or removes it). The grid at the bottom shows every pair at the selected
+    rate(s): black where it is on the frontier, a cross where vLLM refuses it.
     """
     data, marks = _knob_points(df, defaults, offline_tokens, x, y, y2)
     rates = np.sort(data["rate_req_s"].unique())
-    seqs_p, at_seqs = viz.grid_param("log2_seqs", data["log2_seqs"], "max_num_seqs (sequences)",
-                                     value=int(np.log2(defaults["max_num_seqs"])),
-                                     labels=viz.grid_labels(data, "log2_seqs", "max_num_seqs"))
-    tok_p, at_tok = viz.grid_param("log2_tokens", data["log2_tokens"], "max_num_batched_tokens (tokens)",
-                                   value=int(np.log2(defaults["max_num_batched_tokens"])),
-                                   labels=viz.grid_labels(data, "log2_tokens", "max_num_batched_tokens"))
-    rate_value = rates[max(rates.size - 2, 0)] if rate_req_s is None else rate_req_s
-    # Radio buttons, not grid_param: a handful of loads reads better as named choices than as a slider.
-    rate_p = alt.param(name="rate_req_s", value=float(rate_value),
-                       bind=alt.binding_radio(options=rates.tolist(), name="request rate (req/s) "))
-    tol = float(np.diff(rates).min() / 2) if rates.size > 1 else 0.5
-    at_rate = f"abs(datum['rate_req_s'] - rate_req_s) < {tol!r}"
+    every = int(rates.size)  # the index of "every load"
+    seqs_p, at_seqs = _knob_param(data, "seqs_i", "max_num_seqs", "max_num_seqs (sequences)",
+                                  defaults["max_num_seqs"])
+    tok_p, at_tok = _knob_param(data, "tokens_i", "max_num_batched_tokens", "max_num_batched_tokens (tokens)",
+                                defaults["max_num_batched_tokens"])
+    start = every if rate_req_s is None else int(np.abs(rates - rate_req_s).argmin())
+    rate_p, one_rate = viz.grid_param("rate_i", range(every + 1), "request rate (req/s)", value=start,
+                                      labels=[f"{r:.1f}" for r in rates] + [EVERY_LOAD], control="radio")
+    at_rate = f"(rate_i == {every} || {one_rate})"
     chosen = f"{at_seqs} && {at_tok} && {at_rate}"
-    accepted = data.loc[~data["vllm_refuses"], y]
-    lo, hi = (float(accepted.min()), float(accepted.max())) if y_domain is None else map(float, y_domain)
-    off = [k for k, hit in (("above", (accepted > hi).any()), ("below", (accepted < lo).any())) if hit]
     shape = alt.Shape("kind:N", title=None, legend=alt.Legend(orient="bottom", columns=2, labelLimit=0),
-                      scale=alt.Scale(domain=[*TWO_KNOB_KINDS, *(OFF_AXIS_KINDS[k][0] for k in off)],
-                                      range=[*TWO_KNOB_SHAPES, *(OFF_AXIS_KINDS[k][1] for k in off)]))
-    trail = alt.selection_point(name=TRAIL, fields=["log2_seqs", "log2_tokens", "rate_req_s"], on="click",
-                                toggle="true", clear=False, empty=False)
-    tooltip = [alt.Tooltip("rate_req_s:Q", title="rate (req/s)"), "max_num_seqs:Q", "max_num_batched_tokens:Q",
-               alt.Tooltip(f"{x}:Q", format=",.0f", title=viz.title(x)),
-               alt.Tooltip(f"{y}:Q", format=",.0f", title=viz.title(y)),
-               alt.Tooltip(f"{y2}:Q", format=",.0f", title=viz.title(y2))]
-    xenc = alt.X(f"{x}:Q", title=viz.title(x), scale=alt.Scale(zero=False))
-    kw = dict(xenc=xenc, shape=shape, tooltip=tooltip, at_rate=at_rate, chosen=chosen, trail=trail)
-    top = _panel(data, marks, y, (lo, hi), 300, True, **kw).add_params(trail)
-    bottom = _panel(data, marks, y2, None, 170, False, **kw)
-    return alt.vconcat(_readout(data, chosen, x, y, y2), top, bottom,
+                      scale=alt.Scale(domain=list(TWO_KNOB_KINDS), range=list(TWO_KNOB_SHAPES)))
+    trail = alt.selection_point(name=TRAIL, fields=["seqs_i", "tokens_i"], on="click", toggle="true",
+                                clear=False, empty=False)
+    tooltip = [viz.tip("rate_req_s", "request rate (req/s)", ".1f"),
+               viz.tip("max_num_seqs", "max_num_seqs (sequences)", ","),
+               viz.tip("max_num_batched_tokens", "max_num_batched_tokens (tokens)", ","),
+               viz.tip(x, viz.title(x), ",.0f"), viz.tip("y_text", viz.title(y).split(" (")[0], kind="N"),
+               viz.tip("y2_text", viz.title(y2).split(" (")[0], kind="N")]
+    if "p99_tpot_ms" in data.columns:
+        tooltip.append(viz.tip("p99_tpot_ms", viz.title("p99_tpot_ms"), ",.1f"))
+    accepted = data.loc[~data["vllm_refuses"], x]
+    xenc = alt.X(f"{x}:Q", title=viz.title(x), axis=alt.Axis(format=",.0f"),
+                 scale=alt.Scale(zero=False, nice=False, domain=[float(accepted.min()) * 0.95,
+                                                                  float(accepted.max()) * 1.03]))
+    calc = {"y_text": viz.duration_text(y), "y2_text": viz.duration_text(y2)}
+    kw = dict(xenc=xenc, shape=shape, tooltip=tooltip, at_rate=at_rate, chosen=chosen, trail=trail, calc=calc,
+              every=every, rates=[float(r) for r in rates])
+    top = _panel(data, marks, y, 300, True, **kw).add_params(trail)
+    bottom = _panel(data, marks, y2, 170, False, **kw)
+    return alt.vconcat(_readout(data, at_seqs, at_tok, at_rate, every, x, y, y2), top, bottom,
                        _grid_panel(data, marks, shape, at_rate, f"{at_seqs} && {at_tok}", trail),
-                       spacing=6).add_params(seqs_p, tok_p, rate_p, _trail_push())
+                       spacing=8).add_params(seqs_p, tok_p, rate_p, _trail_push())
 
 
 def _trail_push():
-    """A parameter whose expression adds the picked configuration to the trail each time a button changes it.
+    """A parameter whose expression adds the picked pair to the trail each time a slider changes it.
 
     Vega-Lite has no event for "a bound control changed", but an expression is re-evaluated whenever a parameter
     it reads changes, and Vega's ``modify`` inserts a tuple into a selection's store (as Vega-Lite's own
     selections do); the tuple's fields are the trail selection's.
     """
-    fields = ", ".join(f"{{type: 'E', field: '{f}'}}" for f in ("log2_seqs", "log2_tokens", "rate_req_s"))
+    fields = ", ".join(f"{{type: 'E', field: '{f}'}}" for f in ("seqs_i", "tokens_i"))
     return alt.param(name=f"{TRAIL}_push", expr=(
-        f"modify('{TRAIL}_store', {{unit: '', fields: [{fields}], values: [log2_seqs, log2_tokens, rate_req_s]}},"
-        " null, null)"))
+        f"modify('{TRAIL}_store', {{unit: '', fields: [{fields}], values: [seqs_i, tokens_i]}}, null, null)"))
 
 
-def _clamped(y: str, domain) -> dict:
-    """Vega expressions that put ``y`` on the axis: the value clamped to ``domain``, and the off-axis kind."""
-    lo, hi = domain
-    above, below = OFF_AXIS_KINDS["above"][0], OFF_AXIS_KINDS["below"][0]
-    return {"y_shown": f"clamp(datum['{y}'], {lo!r}, {hi!r})",
-            "kind_shown": f"datum['{y}'] > {hi!r} ? '{above}' : datum['{y}'] < {lo!r} ? '{below}' : datum.kind"}
-
-
-def _panel(data, marks, col, domain, height, frontier, *, xenc, shape, tooltip, at_rate, chosen, trail):
-    """One latency against throughput: every run, the frontier, the defaults, the trail, the chosen run."""
-    if domain is None:
-        yenc = alt.Y("y_shown:Q", title=viz.title(col), scale=alt.Scale(type="log"))
-        calc = {"y_shown": f"datum['{col}']", "kind_shown": "datum.kind"}
-    else:  # clamped: what lies beyond is drawn on the edge, as a triangle, with its true value in the tooltip
-        yenc = alt.Y("y_shown:Q", title=viz.title(col), scale=alt.Scale(type="log", domain=list(domain), nice=False),
-                     axis=alt.Axis(values=[t for t in viz.log_ticks(domain) if domain[0] <= t <= domain[1]]))
-        calc = _clamped(col, domain)
-    shown = shape.to_dict() | {"field": "kind_shown"}
-    base = alt.Chart(data).transform_filter("!datum.vllm_refuses").transform_calculate(**calc).encode(
-        x=xenc, y=yenc)  # refused pairs were never run: no operating point
-    layers = [base.mark_point(filled=True, size=40).encode(
-        color=alt.Color("rate_req_s:N", title="request rate (req/s)", scale=alt.Scale(range=RATE_COLORS),
-                        legend=alt.Legend(orient="bottom")), shape=shown,
-        opacity=alt.when(at_rate).then(alt.value(0.7)).otherwise(alt.value(0.15)), tooltip=tooltip)]
-    if frontier:
-        layers.append(base.transform_filter("datum.frontier").mark_line(color=FRONTIER_COLOR, strokeWidth=1.5))
-    layers.append(alt.Chart(marks).transform_calculate(**calc).mark_point(
-        size=170, filled=False, color="black", strokeWidth=1.5).encode(
-        x=xenc, y=yenc, shape=shape, opacity=alt.when(at_rate).then(alt.value(1.0)).otherwise(alt.value(0.25)),
-        tooltip=tooltip))
-    layers.append(base.transform_filter(trail).mark_point(  # where the buttons have been: faded green rings
-        filled=False, size=150, color=HIGHLIGHT, strokeWidth=2.5, opacity=0.45).encode(shape=shown, tooltip=tooltip))
+def _panel(data, marks, col, height, frontier, *, xenc, shape, tooltip, at_rate, chosen, trail, calc, every, rates):
+    """One latency against throughput: the shown rate's runs (or every rate's), the frontier, the defaults, the
+    trail, the chosen run. The log axis fits the runs shown, labelled in ms and s."""
+    yenc = alt.Y(f"{col}:Q", title=f"{viz.title(col).split(' (')[0]} (log scale)",
+                 scale=alt.Scale(type="log", nice=False, padding=8), axis=alt.Axis(labelExpr=DURATION_LABEL))
+    base = alt.Chart(data).transform_filter("!datum.vllm_refuses").transform_filter(at_rate).transform_calculate(
+        **calc).encode(x=xenc, y=yenc)  # refused pairs were never run: no operating point
+    layers = [base.mark_point(filled=True, size=40, opacity=0.7).encode(
+        color=alt.Color("rate_req_s:N", title="request rate (req/s)", legend=alt.Legend(orient="bottom"),
+                        scale=alt.Scale(domain=rates, range=RATE_COLORS[:len(rates)])),  # one colour per rate,
+        shape=shape, tooltip=tooltip)]  # whichever rates are shown
+    if frontier:  # the frontier runs across rates: its line with every load, its point ringed at one
+        on = base.transform_filter("datum.frontier")
+        layers += [on.transform_filter(f"rate_i == {every}").mark_line(color=FRONTIER_COLOR, strokeWidth=1.5),
+                   on.mark_point(size=130, filled=False, color=FRONTIER_COLOR, strokeWidth=1.5)]
+    layers.append(alt.Chart(marks).transform_filter(at_rate).transform_calculate(**calc).mark_point(
+        size=170, filled=False, color="black", strokeWidth=1.5).encode(x=xenc, y=yenc, shape=shape, tooltip=tooltip))
+    layers.append(base.transform_filter(trail).mark_point(  # where the sliders have been: faded green rings
+        filled=False, size=150, color=HIGHLIGHT, strokeWidth=2.5, opacity=0.45).encode(shape=shape, tooltip=tooltip))
     layers.append(base.transform_filter(chosen).mark_point(
         filled=True, size=260, color=HIGHLIGHT, stroke="black", strokeWidth=1.5, opacity=1).encode(
-        shape=shown, tooltip=tooltip))
+        shape=shape, tooltip=tooltip))
     return alt.layer(*layers).properties(width=TWO_KNOB_WIDTH, height=height)
 
 
-def _readout(data, chosen: str, x: str, y: str, y2: str):
-    """Two short lines above the chart: the chosen knobs and rate, then its numbers (or that vLLM refuses it)."""
+READOUT_LINE_PX = 15
+
+
+def _readout(data, at_seqs: str, at_tok: str, at_rate: str, every: int, x: str, y: str, y2: str):
+    """Lines above the chart: the chosen pair, then its numbers at the selected rate (a line per rate with every
+    load), durations read by :func:`batchlab.viz.duration_text`; a refused pair says so instead."""
     name, name2 = viz.title(y).split(" (")[0], viz.title(y2).split(" (")[0]
-    label = (
-        "format(datum.max_num_seqs, ',') + ' sequences, ' + format(datum.max_num_batched_tokens, ',')"
-        " + ' tokens, ' + datum.rate_req_s + ' req/s\\n' + (datum.vllm_refuses"
-        " ? 'refused by vLLM: fewer tokens than sequences' : ("
-        f"format(datum['{x}'], ',.0f') + ' tok/s, {name} ' + format(datum['{y}'], ',.0f')"
-        f" + ' ms, {name2} ' + format(datum['{y2}'], ',.0f') + ' ms'))")
-    return alt.Chart(data).transform_filter(chosen).transform_calculate(label=label).mark_text(
-        align="left", baseline="top", fontSize=12, fontWeight="bold", color="#333333", lineBreak="\n",
-        lineHeight=16).encode(x=alt.value(0), y=alt.value(0), text="label:N").properties(
-        width=TWO_KNOB_WIDTH, height=30)
+    pair = alt.Chart(data).transform_filter(f"{at_seqs} && {at_tok} && datum.rate_i == 0").transform_calculate(
+        label="format(datum.max_num_seqs, ',') + ' sequences, ' + format(datum.max_num_batched_tokens, ',')"
+              " + ' tokens'").mark_text(align="left", baseline="top", fontSize=12, fontWeight="bold",
+                                        color="#333333").encode(x=alt.value(0), y=alt.value(0), text="label:N")
+    shown = f"(datum.vllm_refuses ? datum.rate_i == 0 : {at_rate})"  # a refused pair: one line, whatever the rate
+    lines = alt.Chart(data).transform_filter(f"{at_seqs} && {at_tok} && {shown}").transform_calculate(
+        y_text=viz.duration_text(y), y2_text=viz.duration_text(y2),
+        line_y=f"(rate_i == {every} && !datum.vllm_refuses ? datum.rate_i : 0) * {READOUT_LINE_PX}"
+               f" + {READOUT_LINE_PX + 3}",
+        label=f"datum.vllm_refuses ? 'refused by vLLM: fewer tokens than sequences' : format(datum.rate_req_s,"
+              f" '.1f') + ' req/s: ' + format(datum['{x}'], ',.0f') + ' tok/s, {name} ' + datum.y_text + ', "
+              f"{name2} ' + datum.y2_text").mark_text(align="left", baseline="top", fontSize=11, color="#333333") \
+        .encode(x=alt.value(0), y=alt.Y("line_y:Q", scale=None), text="label:N")
+    height = READOUT_LINE_PX * (every + 1) + 4
+    return alt.layer(pair, lines).properties(width=TWO_KNOB_WIDTH, height=height)
 
 
 def _grid_panel(data, marks, shape, at_rate: str, at_pair: str, trail):
-    """The knob grid itself: one mark per pair at the selected rate, refused pairs crossed, the frontier black."""
+    """The knob grid itself: one mark per pair at the shown rate(s), refused pairs crossed, the frontier black
+    (drawn last, so a pair on the frontier at any shown rate reads black)."""
     thousands = "format(datum.value, ',')"
     xenc = alt.X("max_num_batched_tokens:O", title="max_num_batched_tokens (tokens)",
-                 axis=alt.Axis(labelAngle=0, labelExpr=thousands))
+                 axis=alt.Axis(labelAngle=-45, labelExpr=thousands))
     yenc = alt.Y("max_num_seqs:O", title="max_num_seqs (sequences)", sort="descending",
                  axis=alt.Axis(labelExpr=thousands))
-    tooltip = ["max_num_seqs:Q", "max_num_batched_tokens:Q", "kind:N", alt.Tooltip("frontier:N", title="frontier")]
+    tooltip = [viz.tip("max_num_seqs", "max_num_seqs (sequences)", ","),
+               viz.tip("max_num_batched_tokens", "max_num_batched_tokens (tokens)", ","),
+               viz.tip("kind", "pair", kind="N"), viz.tip("frontier", "on the frontier", kind="N")]
     base = alt.Chart(data).transform_filter(at_rate).encode(x=xenc, y=yenc)
-    dots = base.mark_point(filled=True, size=60).encode(
-        shape=shape, tooltip=tooltip,
+    dots = base.mark_point(filled=True, size=45).encode(
+        shape=shape, tooltip=tooltip, order=alt.Order("front:Q"),
         color=alt.when("datum.frontier").then(alt.value("black")).when("datum.vllm_refuses").then(
             alt.value("#555555")).otherwise(alt.value("#bbbbbb")))
     defaults = alt.Chart(marks).transform_filter(at_rate).mark_point(
-        size=170, filled=False, color="black", strokeWidth=1.5).encode(x=xenc, y=yenc, shape=shape)
-    visited = base.transform_filter(trail).mark_point(filled=False, size=150, color=HIGHLIGHT, strokeWidth=2.5,
+        size=150, filled=False, color="black", strokeWidth=1.5).encode(x=xenc, y=yenc, shape=shape)
+    visited = base.transform_filter(trail).mark_point(filled=False, size=130, color=HIGHLIGHT, strokeWidth=2.5,
                                                       opacity=0.45).encode(shape=shape)
-    chosen = base.transform_filter(at_pair).mark_point(filled=True, size=200, color=HIGHLIGHT, stroke="black",
+    chosen = base.transform_filter(at_pair).mark_point(filled=True, size=180, color=HIGHLIGHT, stroke="black",
                                                        strokeWidth=1.5, opacity=1).encode(shape=shape)
-    return alt.layer(dots, defaults, visited, chosen).properties(width=TWO_KNOB_WIDTH, height=150)
+    return alt.layer(dots, defaults, visited, chosen).properties(width=TWO_KNOB_WIDTH, height=210)
 
 
-# -- facts other pages glue (batchlab.chapters.facts) ----------------------------------------------------------
-CONV_LOADS = {"light": 0.5, "moderate": 0.8, "near": 0.95, "over": 1.2}  # the conv scene's rates, x capacity
-
-
+# -- the conversation scene's sweep, and the facts other pages glue (batchlab.chapters.facts) ------------------
 @facts.memo
 def _capacity(cost, workload: str, n_requests: int, seed) -> float:
     return saturation_rate(cost, workload, n_requests, seed=seed)
 
 
-def conv_capacity() -> float:
-    """The conv scene's capacity (req/s): every request queued at time 0, vLLM's defaults (:func:`saturation_rate`)."""
-    s = scenes.scene("conv")
+def scene_capacity(name: str) -> float:
+    """A scene's capacity (req/s): every request queued at time 0, vLLM's defaults (:func:`saturation_rate`).
+    Used in chapters 8 and 9."""
+    s = scenes.scene(name)
     return _capacity(s.cost(), s.workload, s.n_requests, s.seed)
+
+
+def conv_capacity() -> float:
+    """The conv scene's capacity (req/s), :func:`scene_capacity`."""
+    return scene_capacity("conv")
 
 
 def conv_rates() -> dict:
     """The conv scene's request rates by name (:data:`CONV_LOADS` times its capacity, to 0.1 req/s)."""
     cap = conv_capacity()
     return {name: round(share * cap, 1) for name, share in CONV_LOADS.items()}
+
+
+def conv_sweep() -> pd.DataFrame:
+    """The chapter's sweep: the conv scene at its four loads over :data:`MAX_NUM_SEQS` x
+    :data:`MAX_NUM_BATCHED_TOKENS`, with the frontier (throughputs within :data:`SAME_THROUGHPUT` equal). Cached."""
+    s = scenes.scene("conv")
+    df = two_knob_sweep(s.cost(), s.workload, list(conv_rates().values()), list(MAX_NUM_SEQS),
+                        list(MAX_NUM_BATCHED_TOKENS), n_requests=s.n_requests, seed=s.seed)
+    return with_frontier(df, rel_tol=SAME_THROUGHPUT)
+
+
+def conv_picks() -> pd.DataFrame:
+    """:func:`default_vs_pick` of :func:`conv_sweep` against vLLM's defaults on the scene's GPU, by rate."""
+    s = scenes.scene("conv")
+    return default_vs_pick(conv_sweep(), vllm_defaults(get_hardware(s.gpu))).set_index("rate_req_s")
+
+
+def conv_plateau() -> pd.Series:
+    """Per rate (req/s), the smallest ``max_num_seqs`` whose p99 TTFT is within :data:`PLATEAU` of the best at
+    vLLM's default budget (:func:`batchlab.sweep.seqs_plateau` of :func:`conv_sweep`)."""
+    df = conv_sweep()
+    budget = vllm_defaults(get_hardware(scenes.scene("conv").gpu))["max_num_batched_tokens"]
+    plateau = seqs_plateau(df[~df["vllm_refuses"]], tol=PLATEAU)
+    return plateau[plateau["max_num_batched_tokens"] == budget].set_index("rate_req_s")["max_num_seqs"]
+
+
+@facts.memo
+def _overload_run(cost, workload: str, n_requests: int, rate_req_s: float, seed) -> dict:
+    res = simulate(preset(workload, n_requests, rate_req_s=rate_req_s, seed=seed), "chunked", cost)
+    return {"peak_running": int(res.steps["running"].max()), "preemptions": int(res.summary()["preemptions"]),
+            "kv_tokens": int((res.knobs["num_kv_blocks"] - 1) * res.knobs["block_size"])}
+
+
+def conv_overload() -> dict:
+    """The conv scene at its overload rate with vLLM's defaults: ``peak_running`` (sequences), ``preemptions``
+    and ``kv_tokens`` (the KV pool less vLLM's null block, tokens)."""
+    s = scenes.scene("conv")
+    return _overload_run(s.cost(), s.workload, s.n_requests, conv_rates()["over"], s.seed)
 
 
 @facts.fact("capacity_req_s", scene="conv", unit="req/s", fmt=".1f", chapter="two_knobs",
@@ -463,3 +555,67 @@ def _output_mean():
                  "block left out)")
 def _kv_pool_tokens():
     return int((scenes.scene("llama8").cost().kv_pool_blocks() - 1) * 16)
+
+
+def _h100_default(key: str, usage: str = "serve") -> int:
+    return int(vllm_defaults(get_hardware(scenes.scene("llama8").gpu), usage)[key])
+
+
+@facts.fact("vllm_default_max_num_seqs", scene="llama8", unit="sequences", fmt=",.0f", chapter="two_knobs",
+            text="vLLM's default max_num_seqs for vllm serve on an H100 SXM (any model)")
+def _default_seqs():
+    return _h100_default("max_num_seqs")
+
+
+@facts.fact("vllm_default_max_num_batched_tokens", scene="llama8", unit="tokens", fmt=",.0f", chapter="two_knobs",
+            text="vLLM's default max_num_batched_tokens for vllm serve on an H100 SXM (any model)")
+def _default_tokens():
+    return _h100_default("max_num_batched_tokens")
+
+
+@facts.fact("vllm_offline_max_num_batched_tokens", scene="llama8", unit="tokens", fmt=",.0f", chapter="two_knobs",
+            text="vLLM's default max_num_batched_tokens for the offline LLM class on an H100 SXM")
+def _offline_tokens():
+    return _h100_default("max_num_batched_tokens", "offline")
+
+
+@facts.fact("knobs_plateau_seqs", scene="conv", unit="sequences", fmt=",.0f", chapter="two_knobs",
+            text="at the conversation scene's near load and vLLM's default budget, the smallest max_num_seqs of "
+                 "the sweep whose p99 TTFT is within 5 % of the best: where raising the cap stops paying")
+def _plateau_seqs():
+    return int(conv_plateau().loc[conv_rates()["near"]])
+
+
+def _near_fact(name: str, column: str, unit: str, fmt: str, text: str):
+    @facts.fact(f"knobs_{name}", scene="conv", unit=unit, fmt=fmt, chapter="two_knobs",
+                text=f"{text}, at the conversation scene's near load (95 % of capacity)")
+    def _near():
+        value = conv_picks().loc[conv_rates()["near"], column]
+        return int(value) if column.endswith(("_seqs", "_tokens")) else float(value)
+
+
+for _args in (("default_p99_ttft_ms", "default_p99_ttft_ms", "ms", ",.0f", "p99 TTFT of vLLM's default knobs"),
+              ("default_p99_itl_ms", "default_p99_itl_ms", "ms", ",.0f", "p99 ITL of vLLM's default knobs"),
+              ("default_p99_tpot_ms", "default_p99_tpot_ms", "ms", ".1f", "p99 TPOT of vLLM's default knobs"),
+              ("pick_max_num_seqs", "pick_max_num_seqs", "sequences", ",.0f",
+               "max_num_seqs of the pair chapter 8 picks: the lowest p99 ITL at as good a p99 TTFT as the default's"),
+              ("pick_max_num_batched_tokens", "pick_max_num_batched_tokens", "tokens", ",.0f",
+               "max_num_batched_tokens of the pair chapter 8 picks"),
+              ("pick_p99_ttft_ms", "pick_p99_ttft_ms", "ms", ",.0f", "p99 TTFT of the pair chapter 8 picks"),
+              ("pick_p99_itl_ms", "pick_p99_itl_ms", "ms", ",.0f", "p99 ITL of the pair chapter 8 picks"),
+              ("pick_p99_tpot_ms", "pick_p99_tpot_ms", "ms", ".1f", "p99 TPOT of the pair chapter 8 picks"),
+              ("itl_ratio", "itl_ratio", "", ".1f", "the default's p99 ITL over that of the pair chapter 8 picks")):
+    _near_fact(*_args)
+
+
+@facts.fact("over_peak_running", scene="conv", unit="sequences", fmt=",.0f", chapter="two_knobs",
+            text="the most sequences running at once with vLLM's defaults at the conversation scene's overload "
+                 "rate (120 % of capacity): the KV pool, not max_num_seqs, caps the batch")
+def _peak_running():
+    return conv_overload()["peak_running"]
+
+
+@facts.fact("over_preemptions", scene="conv", unit="preemptions", fmt=",.0f", chapter="two_knobs",
+            text="preemptions in the run of vLLM's defaults at the conversation scene's overload rate")
+def _preemptions():
+    return conv_overload()["preemptions"]

@@ -1,11 +1,12 @@
-"""Chapter 09 (tuning for your traffic): the tuning grid's layout and invariants (one pick and one default per
-workload, SLO and load, the pick's goodput within 1 % of the largest and at least the default's, its p99 / bound
-within 1 % of the smallest among those, and of those full ties the one nearest vLLM's default, then the smaller
-cap; refused pairs without numbers), the picks against the grid, the headroom against simulation, goodput and
-p99 read as two tests, the example trace read back by the loaders, the tables' headers, the pick marked where it
-is the default (and read as a tie where its gain is within rounding of 1), and the goodput map's spec (three
-radio rows labelled in words and ms, a heatmap on the two knobs in tokens and sequences, the pick, default and
-refused marks, the readout filtered by all three controls)."""
+"""Chapter 9 (tuning for your traffic): the tuning grid's layout and invariants (one pick and one default per
+workload, SLO and load, loads as shares of capacity, the pick's goodput within 1 % of the largest and at least
+the default's, its p99 / bound within 1 % of the smallest among those, and of those full ties the one nearest
+vLLM's default; refused pairs without numbers; each run's longest gap read under every SLO; whether any pair holds
+the SLO), the picks against a direct simulation, the headroom against simulation, goodput, p99 and the stall bound
+read as different tests, the example trace read back by the loaders, the tables (no pick named where none holds),
+the readout, and the goodput map's spec (radio rows labelled in words and ms, a heatmap on the two knobs in
+tokens and sequences coloured by the share of requests within the SLO, the pick marked only where some pair
+holds, the readout filtered by all three controls)."""
 from __future__ import annotations
 
 import numpy as np
@@ -15,28 +16,39 @@ from spec_helpers import marks, titles, walk
 
 import batchlab as bl
 from batchlab.chapters import tuning as chapter
+from batchlab.chapters import two_knobs
 from batchlab.tune import at_rate
 
-SLOS = ["ttft:500 tpot:50", "ttft:200 tpot:25"]
+SLOS = ["ttft:500 tpot:50", "ttft:500 tpot:50 itl:100"]
 SLO_NAMES = {s: chapter.slo_label(bl.parse_goodput(s)) for s in SLOS}
-WORKLOADS = {"azure-conv-2023": "Azure conversation"}
-LOADS = {1.0: "the trace's rate", 4.0: "4 × the trace's rate"}
+WORKLOADS = {"azure-conv-2023": "conversation"}
+LOADS = {0.5: "50 % of capacity", 1.2: "120 % of capacity"}
+SEQS, TOKENS = (8, 64, 1024), (512, 2048, 8192)  # a small grid with vLLM's default (1024, 8192) and one refusal
+N = 200
 
 
 @pytest.fixture(scope="module")
 def tuned(cost8b):
-    return chapter.tuning_grid(cost8b, list(WORKLOADS), SLOS, list(LOADS), 200, seed=1)
+    return chapter.tuning_grid(cost8b, list(WORKLOADS), SLOS, list(LOADS), N, seed=1, max_num_seqs=SEQS,
+                               max_num_batched_tokens=TOKENS)
 
 
-def test_slo_label_reads_in_ms():
-    assert SLO_NAMES == {"ttft:500 tpot:50": "TTFT 500 ms, TPOT 50 ms", "ttft:200 tpot:25": "TTFT 200 ms, TPOT 25 ms"}
+def test_slo_label_reads_in_ms_and_names_the_longest_gap():
+    assert SLO_NAMES == {"ttft:500 tpot:50": "TTFT 500 ms, TPOT 50 ms",
+                         "ttft:500 tpot:50 itl:100": "TTFT 500 ms, TPOT 50 ms, longest gap 100 ms"}
     assert chapter.slo_label(bl.SLO(e2el_ms=1500)) == "E2EL 1,500 ms"
 
 
-def test_tuning_grid_layout_and_invariants(tuned):
+def test_chapter_settings():
+    assert chapter.SLOS[1] == chapter.SLOS[0] + " itl:100"  # the stall bound beside the usual one, nothing else
+    assert sorted(chapter.LOADS) == [two_knobs.CONV_LOADS["light"], two_knobs.CONV_LOADS["near"]]  # chapter 8's
+    assert set(chapter.WORKLOAD_SCENES) == set(chapter.WORKLOADS)
+
+
+def test_tuning_grid_layout_and_invariants(cost8b, tuned):
     grid, picks = tuned
     assert list(grid.columns) == chapter.GRID_COLUMNS and list(picks.columns) == chapter.PICK_COLUMNS
-    assert len(grid) == 64 * 2 * 2 and len(picks) == 4
+    assert len(grid) == 9 * 2 * 2 and len(picks) == 4
     for (_, spec, load), g in grid.groupby(["workload", "slo", "load"]):
         assert g["best"].sum() == 1 and g["vllm_default"].sum() == 1
         assert g.loc[g["vllm_default"], ["max_num_seqs", "max_num_batched_tokens"]].values.tolist() == [[1024, 8192]]
@@ -46,69 +58,74 @@ def test_tuning_grid_layout_and_invariants(tuned):
         candidates = g[~g["vllm_refuses"] & (g["request_goodput"] >= max(0.99 * top, dflt))]
         least = candidates["slo_load"].min()
         assert least <= best["slo_load"] <= least * 1.01  # the most headroom among the ties, to within 1 %
-        full_ties = candidates[candidates["slo_load"] <= least * 1.01]  # loads within 1 %: full ties
-        assert best.name in full_ties.index
+        full_ties = candidates[candidates["slo_load"] <= least * 1.01]
         distance = (np.abs(np.log2(full_ties["max_num_seqs"] / 1024))
                     + np.abs(np.log2(full_ties["max_num_batched_tokens"] / 8192)))
         best_distance = abs(np.log2(best["max_num_seqs"] / 1024)) + abs(np.log2(best["max_num_batched_tokens"] / 8192))
-        assert best_distance == distance.min()  # then the pair nearest vLLM's default
-        nearer = full_ties[(distance < best_distance)
-                           | ((distance == best_distance) & (full_ties["max_num_seqs"] < best["max_num_seqs"]))]
-        assert nearer.empty  # and, equally near, the smaller cap
-        if full_ties["vllm_default"].any():  # the traffic cannot tell the default from the pick: the default
-            assert best["vllm_default"]
+        assert best.name in full_ties.index and best_distance == distance.min()  # then the pair nearest the default
         refused = g[g["vllm_refuses"]]
         assert refused[["max_num_seqs", "max_num_batched_tokens"]].values.tolist() == [[1024, 512]]
-        assert refused["share_of_top"].isna().all() and refused["p99_ttft_ms"].isna().all()
-        assert refused["slo_load"].isna().all()
-        assert g.loc[~g["vllm_refuses"], "share_of_top"].between(0, 1).all()
+        assert refused[["share_of_top", "share_within", "p99_ttft_ms", "slo_load"]].isna().all().all()
+        ok = g[~g["vllm_refuses"]]
+        assert ok["share_within"].between(0, 1).all() and ok["p99_longest_itl_ms"].notna().all()
         pick = picks[(picks["slo"] == spec) & (picks["load"] == load)].iloc[0]
         assert pick["best_goodput"] == best["request_goodput"] >= pick["default_goodput"]
         assert pick["best_slo_load"] == best["slo_load"] and pick["top_goodput"] == top
-        assert pick["gain"] == pytest.approx(pick["best_goodput"] / pick["default_goodput"])
-        assert pick["best_goodput"] <= pick["offered_req_s"] * (1 + 1e-12)  # goodput never beats throughput
-    trace_rate = bl.trace_stats("azure-conv-2023")["rate_req_per_s"]
-    assert sorted(picks["rate_req_s"].unique()) == pytest.approx([trace_rate, 4 * trace_rate])
-    heavy = grid[(grid["load"] == 4.0) & ~grid["vllm_refuses"]]
-    light = grid[(grid["load"] == 1.0) & ~grid["vllm_refuses"]]
+        assert pick["holds_any"] == ok["slo_met"].any()
+        assert pick["best_p99_longest_itl_ms"] == best["p99_longest_itl_ms"]
+        assert pick["default_goodput"] <= pick["served_req_s"] * (1 + 1e-12)  # goodput never beats what was served
+        assert best["share_within"] <= 1 + 1e-12
+    capacity = two_knobs.saturation_rate(cost8b, "azure-conv-2023", N, seed=1)
+    assert sorted(picks["rate_req_s"].unique()) == [round(0.5 * capacity, 1), round(1.2 * capacity, 1)]
+    heavy = grid[(grid["load"] == 1.2) & ~grid["vllm_refuses"]]
+    light = grid[(grid["load"] == 0.5) & ~grid["vllm_refuses"]]
     assert heavy["p99_ttft_ms"].median() > light["p99_ttft_ms"].median()  # more load, longer queues
+    with pytest.raises(ValueError, match="loads"):
+        chapter.tuning_grid.uncached(cost8b, list(WORKLOADS), SLOS, [0.0], N)
 
 
 def test_tuning_grid_matches_a_direct_simulation(cost8b, tuned):
     grid, _ = tuned
-    row = grid[(grid["slo"] == SLOS[1]) & (grid["load"] == 1.0) & (grid["max_num_seqs"] == 16)
+    row = grid[(grid["slo"] == SLOS[0]) & (grid["load"] == 0.5) & (grid["max_num_seqs"] == 64)
                & (grid["max_num_batched_tokens"] == 2048)].iloc[0]
-    stream = bl.preset("azure-conv-2023", 200, rate_req_s=row["rate_req_s"], seed=1)
-    res = bl.simulate(stream, "chunked", cost8b, max_num_seqs=16, max_num_batched_tokens=2048)
-    s = res.summary(slo=bl.parse_goodput(SLOS[1]))
+    stream = bl.preset("azure-conv-2023", N, rate_req_s=row["rate_req_s"], seed=1)
+    res = bl.simulate(stream, "chunked", cost8b, max_num_seqs=64, max_num_batched_tokens=2048)
+    s = res.summary(slo=bl.parse_goodput(SLOS[0]))
     assert row["request_goodput"] == s["request_goodput"] and row["slo_met"] == s["slo_met"]
     assert row["p99_ttft_ms"] == s["p99_ttft_ms"]
-    assert row["slo_load"] == pytest.approx(max(s["p99_ttft_ms"] / 200, s["p99_tpot_ms"] / 25), rel=1e-12)
+    assert row["slo_load"] == pytest.approx(max(s["p99_ttft_ms"] / 500, s["p99_tpot_ms"] / 50), rel=1e-12)
+    # the longest gap shown under the usual SLO is the same run's, read under the stall bound
+    stall = res.summary(slo=bl.parse_goodput(SLOS[1]))
+    assert row["p99_longest_itl_ms"] == pytest.approx(stall["p99_longest_itl_ms"], rel=1e-12)
+    itl_row = grid[(grid["slo"] == SLOS[1]) & (grid["load"] == 0.5) & (grid["max_num_seqs"] == 64)
+                   & (grid["max_num_batched_tokens"] == 2048)].iloc[0]
+    assert itl_row["request_goodput"] == stall["request_goodput"] <= row["request_goodput"]  # one more bound
 
 
 def test_headroom_brackets_by_simulation(cost8b, tuned):
     _, picks = tuned
-    rates = chapter.headroom(cost8b, picks.iloc[:1], 200, seed=1)
+    rates = chapter.headroom(cost8b, picks.iloc[:1], N, seed=1)
     row = rates.iloc[0]
     assert row["default_max_rate_req_s"] > 0 and row["best_max_rate_req_s"] > 0
     assert row["rate_ratio"] == pytest.approx(row["best_max_rate_req_s"] / row["default_max_rate_req_s"])
-    stream = bl.preset("azure-conv-2023", 200, rate_req_s=row["rate_req_s"], seed=1)
+    stream = bl.preset("azure-conv-2023", N, rate_req_s=row["rate_req_s"], seed=1)
     slo = bl.parse_goodput(row["slo"])
     ok = bl.simulate(at_rate(stream, row["default_max_rate_req_s"]), "chunked", cost8b, record_tokens=False)
     assert slo.met_by(ok.summary())
 
 
-def test_slo_readings_tell_goodput_from_p99(cost8b):
-    # bounds no request can miss, and bounds every request misses
+def test_slo_readings_tell_goodput_from_p99_and_see_the_stall(cost8b):
     stream = bl.preset("azure-conv-2023", 300, seed=3)
-    res = bl.simulate(stream, "chunked", cost8b, record_tokens=False)
-    r = chapter.slo_readings(res, ["ttft:100000 tpot:100000", "ttft:1 tpot:1"])
-    assert r["slo"].tolist() == ["ttft:100000 tpot:100000", "ttft:1 tpot:1"]
-    assert r["missed"].tolist() == [0, res.summary()["completed"]]
+    res = bl.simulate(stream, "chunked", cost8b)
+    # bounds no request can miss, bounds every request misses, and a stall bound below every request's longest gap
+    r = chapter.slo_readings(res, ["ttft:100000 tpot:100000", "ttft:1 tpot:1", "ttft:100000 tpot:100000 itl:1"])
+    assert r["missed"].tolist() == [0, res.summary()["completed"], res.summary()["completed"]]
     assert r["request_goodput"].iloc[0] == pytest.approx(r["request_throughput"].iloc[0])
-    assert r["slo_met"].tolist() == [True, False]
+    assert r["slo_met"].tolist() == [True, False, False]
+    assert np.isnan(r["p99_longest_itl_ms"].iloc[0]) and r["p99_longest_itl_ms"].iloc[2] > r["p99_tpot_ms"].iloc[2]
     html = chapter.slo_readings_table(r, {s: s for s in r["slo"]}).to_html()
-    for header in ("goodput (req/s)", "requests missing a bound", "p99 TTFT (ms)", "p99s within the SLO"):
+    for header in ("goodput (req/s)", "requests missing a bound", "p99 TTFT (ms)", "p99 longest gap (ms)",
+                   "p99s within the SLO", "not bounded"):
         assert header in html
 
 
@@ -123,45 +140,42 @@ def test_example_trace_reads_back(tmp_path):
     assert back.output_tokens.tolist() == stream.output_tokens.tolist()
 
 
-def test_tables_have_units_in_their_headers(cost8b, tuned):
+def test_result_table_reads_a_tune_result_in_units(cost8b):
+    stream = bl.preset("azure-conv-2023", 120, seed=4)
+    result = bl.tune(stream, cost8b, bl.parse_goodput(SLOS[1]), max_num_seqs=[64, 1024],
+                     max_num_batched_tokens=[2048, 8192], progress=False)
+    html = chapter.result_table(result).to_html()
+    assert "tuner's pick" in html and "vLLM default" in html and "p99 longest gap (ms)" in html
+    assert "goodput (req/s)" in html and "8,192" in html and "{" not in html  # no raw dict on the page
+
+
+def test_tables_name_no_pick_where_none_holds(tuned):
     _, picks = tuned
-    html = chapter.picks_table(picks, SLO_NAMES, WORKLOADS).to_html()
-    assert "best: goodput (req/s)" in html and "×" in html and "TTFT 500 ms, TPOT 50 ms" in html
-    assert "best: p99 / bound" in html and "vLLM default: p99 / bound" in html
-    rates = picks.iloc[:1].assign(best_max_rate_req_s=0.0, default_max_rate_req_s=12.34, rate_ratio=np.nan)
+    none = picks.assign(holds_any=False)
+    html = chapter.picks_table(none, SLO_NAMES, WORKLOADS).to_html()
+    assert "none holds the SLO" in html and "pick: goodput (req/s)" in html and "served (req/s)" in html
+    held = picks.assign(holds_any=True, best_max_num_seqs=1024, best_max_num_batched_tokens=8192)
+    assert "1,024 / 8,192 (vLLM default)" in chapter.picks_table(held, SLO_NAMES, WORKLOADS).to_html()
+    rates = none.assign(best_max_rate_req_s=0.0, default_max_rate_req_s=12.34, rate_ratio=np.nan)
     html = chapter.headroom_table(rates, SLO_NAMES, WORKLOADS).to_html()
-    assert "none holds" in html and "12.3" in html and "largest rate (req/s)" in html
-    assert "best / default (largest rate)" in html and "–" in html
-    rates = rates.assign(best_max_rate_req_s=13.0, rate_ratio=13.0 / 12.34)
-    assert "105%" in chapter.headroom_table(rates, SLO_NAMES, WORKLOADS).to_html()
+    assert "none" in html and "12.3" in html and "largest rate (req/s)" in html and "(most goodput)" in html
 
 
-def test_pick_that_is_the_default_is_marked(tuned):
+def test_readout_says_when_no_setting_holds(tuned):
     _, picks = tuned
-    same = picks.assign(best_max_num_seqs=1024, best_max_num_batched_tokens=8192)
-    moved = picks.assign(best_max_num_seqs=64, best_max_num_batched_tokens=2048)
-    assert chapter.is_default_pick(same).all() and not chapter.is_default_pick(moved).any()
-    assert "1,024 / 8,192 (vLLM default)" in chapter.picks_table(same, SLO_NAMES, WORKLOADS).to_html()
-    assert "(vLLM default)" not in chapter.picks_table(moved, SLO_NAMES, WORKLOADS).to_html()
-    labels = chapter._map_readout(same, list(WORKLOADS), SLOS, list(LOADS))["label"]
-    assert labels.str.startswith("pick: 1,024 sequences, 8,192 tokens").all()
-    assert labels.str.contains("\nthe pick is the vLLM default itself").all()
-    labels = chapter._map_readout(moved, list(WORKLOADS), SLOS, list(LOADS))["label"]
-    assert labels.str.startswith("pick: 64 sequences, 2,048 tokens").all()
-    assert labels.str.contains("\nvLLM default: ").all() and not labels.str.contains("itself").any()
-    assert not chapter.is_tie(same).any()  # the default itself is not a tie with another pair
-
-
-def test_pick_that_ties_the_default_to_rounding_reads_as_a_tie(tuned):
-    _, picks = tuned
-    tie = picks.assign(best_max_num_seqs=1024, best_max_num_batched_tokens=16384, gain=1 + 2.4e-6)
-    apart = tie.assign(gain=1 + 2 * chapter.TIE_TOL)
-    assert chapter.is_tie(tie).all() and not chapter.is_tie(apart).any()
-    labels = chapter._map_readout(tie, list(WORKLOADS), SLOS, list(LOADS))["label"]
-    assert labels.str.contains("; a tie, pick ×1.000002; ").all() and not labels.str.contains("itself").any()
-    assert labels.str.count("p99/bound").eq(2).all()  # both runs read: they are not the same pair
-    labels = chapter._map_readout(apart, list(WORKLOADS), SLOS, list(LOADS))["label"]
-    assert labels.str.contains("; pick ×1.00; ").all() and not labels.str.contains("tie").any()
+    row = picks.iloc[0]
+    same = row.copy()
+    same["holds_any"], same["best_max_num_seqs"], same["best_max_num_batched_tokens"] = True, 1024, 8192
+    assert chapter.readout_label(same).startswith("pick: vLLM's default itself\ngoodput ")
+    moved = same.copy()
+    moved["best_max_num_batched_tokens"] = 2048
+    assert chapter.readout_label(moved).startswith("pick: 1,024 sequences, 2,048 tokens\n")
+    none = same.copy()
+    none["holds_any"] = False
+    label = chapter.readout_label(none)
+    assert label.startswith("no setting holds this SLO's p99s") and "pick" not in label and "×" not in label
+    for text in (chapter.readout_label(same), label):
+        assert all(len(line) <= 60 for line in text.split("\n"))  # fits a phone's column
 
 
 def test_goodput_map_chart_spec(tuned):
@@ -169,36 +183,49 @@ def test_goodput_map_chart_spec(tuned):
     spec = chapter.goodput_map_chart(grid, picks, WORKLOADS, SLO_NAMES, LOADS).to_dict()
     params = {p["name"]: p for p in walk(spec, "params") for p in p if "bind" in p}
     assert set(params) == {"slo_i", "load_i"}  # one workload: no control for it
-    assert params["slo_i"]["bind"]["input"] == "radio"
-    assert params["slo_i"]["bind"]["labels"] == ["TTFT 500 ms, TPOT 50 ms", "TTFT 200 ms, TPOT 25 ms"]
-    assert params["load_i"]["bind"]["labels"] == ["the trace's rate", "4 × the trace's rate"]
+    assert all(p["bind"]["input"] == "radio" for p in params.values())
+    assert params["slo_i"]["bind"]["labels"] == list(SLO_NAMES.values())
+    assert params["load_i"]["bind"]["labels"] == ["50 % of capacity", "120 % of capacity"]
     assert {"rect", "point", "text"} <= marks(spec)
     assert {"max_num_batched_tokens (tokens)", "max_num_seqs (sequences)"} <= set(titles(spec))
     filters = [f for f in walk(spec, "filter") if isinstance(f, str)]
-    assert any("workload_i" in f and "slo_i" in f and "load_i" in f for f in filters)  # the readout and the cells
-    colors = [c for c in walk(spec, "color") if isinstance(c, dict) and c.get("field") == "share_of_top"]
-    assert colors and colors[0]["scale"]["domain"] == [0, 1]
-    shapes = [s for s in walk(spec, "shape") if isinstance(s, dict) and s.get("field") == "kind"]
-    assert shapes[0]["scale"]["domain"] == list(chapter.MAP_KINDS)
+    assert any("slo_i" in f and "load_i" in f for f in filters)
+    colors = [c for c in walk(spec, "color") if isinstance(c, dict) and c.get("field") == "share_within"]
+    assert colors and colors[0]["scale"]["domain"] == [0, 1] and colors[0]["legend"]["titleLimit"] == 0
     cells = next(ds for ds in spec["datasets"].values() if "kind" in ds[0])
-    assert len(cells) == 64 * 4
+    assert len(cells) == 9 * 4
     kinds = [d["kind"] for d in cells]
-    assert kinds.count("tuner's pick") == 4 and kinds.count("refused by vLLM") == 4  # one per selection
-    assert kinds.count("vLLM default") == 4 - sum(d["kind"] == "tuner's pick" and d["max_num_seqs"] == 1024
-                                                  and d["max_num_batched_tokens"] == 8192 for d in cells)
+    assert kinds.count("tuner's pick") == int(picks["holds_any"].sum()) and kinds.count("refused by vLLM") == 4
     readout = [d for ds in spec["datasets"].values() for d in ds if "label" in d]
-    assert len(readout) == 4 and all("vLLM default" in d["label"] and "\n" in d["label"] for d in readout)
-    at_default = chapter.is_default_pick(picks).sum()  # their second line says so instead of repeating the run
-    itself = [d["label"].count("p99/bound") == 1 and "vLLM default itself" in d["label"] for d in readout]
-    assert sum(itself) == at_default
-    assert sum(d["label"].count("p99/bound") == 2 for d in readout) == 4 - at_default
-    assert any(t.get("field") == "slo_load" for t in walk(spec, "tooltip") for t in t if isinstance(t, dict))
+    assert len(readout) == 4 and all("vLLM default" in d["label"] for d in readout)
+    tips = [t for ts in walk(spec, "tooltip") if isinstance(ts, list) for t in ts]
+    assert {"slo_load", "p99_longest_itl_ms", "share_within"} <= {t["field"] for t in tips}
+    assert all(t.get("title") for t in tips)
 
 
-def test_goodput_map_chart_with_three_workloads_has_three_radio_rows(tuned):
+def test_goodput_map_marks_no_pick_where_no_pair_holds(tuned):
+    grid, picks = tuned
+    none = picks.assign(holds_any=False)
+    spec = chapter.goodput_map_chart(grid, none, WORKLOADS, SLO_NAMES, LOADS).to_dict()
+    cells = next(ds for ds in spec["datasets"].values() if "kind" in ds[0])
+    assert "tuner's pick" not in {d["kind"] for d in cells}
+    readout = [d["label"] for ds in spec["datasets"].values() for d in ds if "label" in d]
+    assert all(label.startswith("no setting holds") for label in readout)
+
+
+def test_goodput_map_chart_with_two_workloads_has_three_radio_rows(tuned):
     grid, picks = tuned
     both = pd.concat([grid, grid.assign(workload="b")], ignore_index=True)
     spec = chapter.goodput_map_chart(both, pd.concat([picks, picks.assign(workload="b")]),
                                      {"azure-conv-2023": "conversation", "b": "copy"}, SLO_NAMES, LOADS).to_dict()
-    params = [p["name"] for p in walk(spec, "params") for p in p if "bind" in p]
-    assert sorted(params) == ["load_i", "slo_i", "workload_i"]
+    params = [p for p in walk(spec, "params") for p in p if "bind" in p]
+    assert sorted(p["name"] for p in params) == ["load_i", "slo_i", "workload_i"]
+    assert all(p["bind"]["input"] == "radio" for p in params)
+
+
+def test_no_pair_holds_an_slo_tighter_than_any_run(cost8b):
+    grid, picks = chapter.tuning_grid(cost8b, list(WORKLOADS), ["ttft:1 tpot:1"], [0.5], 100, seed=1,
+                                      max_num_seqs=(64, 1024), max_num_batched_tokens=(2048, 8192))
+    assert not picks["holds_any"].any() and not grid["slo_met"].any()
+    assert chapter.readout_label(picks.iloc[0]).startswith("no setting holds")
+    assert "none holds the SLO" in chapter.picks_table(picks, {"ttft:1 tpot:1": "tight"}, WORKLOADS).to_html()

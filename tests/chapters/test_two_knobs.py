@@ -1,7 +1,9 @@
-"""Chapter 08 (the two knobs): vLLM's defaults per GPU, the sweep's invariants and capacity (pairs vLLM refuses are
-not run), the readable tables, and the chart's spec (the two knob button rows, the rate selector, the frontier,
-the default markers, a highlight filtered by all three controls, the clamped TTFT axis with its off-axis marks,
-distinct rate colours, the trail of visited configurations, and the grid of pairs with the refused ones)."""
+"""Chapter 8 (the two knobs): vLLM's defaults per GPU, the sweep's invariants and capacity (pairs vLLM refuses are
+not run), the per-rate reading of the default against the pick, the phrase that says where a reading holds, the
+readable tables, and the chart's spec (a slider per knob labelled in its unit, radio buttons for one rate or every
+load, every panel filtered by them, log latency axes labelled in ms and s over a fixed throughput axis, the
+frontier, the default markers, the readout in the reader's units, the trail of visited pairs, the grid with the
+refused ones)."""
 from __future__ import annotations
 
 import json
@@ -27,6 +29,13 @@ def test_vllm_defaults_follow_the_gpu():
     assert table.loc["a100-80gb"].tolist()[1:] == [256, 2048, 8192]  # 80 GiB, but an A100
     assert table.loc["a100-80gb", "hbm_gib"] == pytest.approx(80.0)
     assert table.loc["h100-pcie", "max_num_seqs"] == 1024  # 79.6 GiB >= 70
+
+
+def test_the_chapter_grid_is_evenly_spaced_by_index_and_holds_the_defaults():
+    for grid in (chapter.MAX_NUM_SEQS, chapter.MAX_NUM_BATCHED_TOKENS):
+        assert list(grid) == sorted(set(grid)) and np.all(np.diff(np.log2(grid)) <= 0.6)  # a half octave or less
+    assert DEFAULTS["max_num_seqs"] in chapter.MAX_NUM_SEQS
+    assert {DEFAULTS["max_num_batched_tokens"], 16384} <= set(chapter.MAX_NUM_BATCHED_TOKENS)
 
 
 @pytest.fixture(scope="module")
@@ -66,11 +75,57 @@ def test_saturation_rate_is_the_queued_run_throughput(cost8b):
     assert chapter.saturation_rate(cost8b, "azure-conv-2023", 300, seed=2, max_num_seqs=8) < cap / 2
 
 
+def _pairs(rate, rows):
+    """A one-rate sweep from (seqs, tokens, throughput, p99 TTFT, p99 ITL) rows."""
+    out = pd.DataFrame(rows, columns=["max_num_seqs", "max_num_batched_tokens", X, Y, "p99_itl_ms"])
+    return out.assign(rate_req_s=rate, p99_tpot_ms=out["p99_itl_ms"] / 3,
+                      vllm_refuses=out["max_num_batched_tokens"] < out["max_num_seqs"])
+
+
+@pytest.fixture
+def reading():
+    light = _pairs(10.0, [(1024, 8192, 100.0, 250.0, 80.0),  # the default
+                          (1024, 3072, 100.0, 231.0, 75.0),  # the lowest TTFT: within 5 % of the default, not best
+                          (1024, 2048, 100.0, 255.0, 50.0),  # as good a TTFT as the default's, the lowest ITL
+                          (256, 2048, 100.0, 255.0, 50.2),  # the same run with a cap further from the default's
+                          (1024, 1024, 100.0, 300.0, 30.0),  # lower ITL, but a TTFT 20 % worse
+                          (8, 512, 50.0, 9e4, 10.0),  # cannot keep up: half the throughput
+                          (2048, 1024, np.nan, np.nan, np.nan)])  # refused
+    heavy = _pairs(20.0, [(1024, 8192, 200.0, 400.0, 160.0), (1024, 4096, 199.0, 410.0, 100.0)])
+    return pd.concat([light, heavy], ignore_index=True)
+
+
+def test_default_vs_pick_reads_each_rate_at_as_good_a_ttft_as_the_defaults(reading):
+    picks = chapter.default_vs_pick(reading, DEFAULTS).set_index("rate_req_s")
+    light, heavy = picks.loc[10.0], picks.loc[20.0]
+    # within 5 % of the default's TTFT (not of the lowest), the lowest ITL; of the tie, the default's cap
+    assert (light["pick_max_num_seqs"], light["pick_max_num_batched_tokens"]) == (1024, 2048)
+    assert light["itl_ratio"] == pytest.approx(80 / 50) and light["lowest_p99_ttft_ms"] == 231.0
+    assert light["pick_p99_tpot_ms"] == pytest.approx(50 / 3) and light["default_p99_ttft_ms"] == 250.0
+    assert (heavy["pick_max_num_batched_tokens"], heavy["itl_ratio"]) == (4096, pytest.approx(1.6))  # 1 % less
+    only_default = chapter.default_vs_pick(reading[reading["max_num_batched_tokens"] == 8192], DEFAULTS)
+    assert (only_default["itl_ratio"] == 1).all()  # the default is always a candidate
+    with pytest.raises(ValueError, match="ttft_tol"):
+        chapter.default_vs_pick(reading, DEFAULTS, ttft_tol=1.5)
+
+
+def test_rates_phrase_says_where_a_reading_holds():
+    rates = [10.4, 16.7, 19.8]
+    assert chapter.rates_phrase(rates, [True, True, True]) == "at each of the three loads below capacity"
+    assert chapter.rates_phrase(rates, [False, True, True]) == "from 16.7 req/s on"
+    assert chapter.rates_phrase(rates, [True, False, True]) == "at 10.4 and 19.8 req/s"
+    assert chapter.rates_phrase(rates, [False, False, True]) == "at 19.8 req/s"
+    assert chapter.rates_phrase(rates, [False] * 3) == "at none of the loads below capacity"
+    assert chapter.rates_phrase([19.8, 10.4], [True, False]) == "at 19.8 req/s"  # sorted by rate first
+    with pytest.raises(ValueError):
+        chapter.rates_phrase(rates, [True])
+
+
 @pytest.fixture
 def df():
     seqs, tokens, rates = [1024, 2048, 4096], [2048, 4096, 8192, 16384], [5.0, 10.0]
     rows = [{"rate_req_s": r, "max_num_seqs": s, "max_num_batched_tokens": t, X: 100.0 * r + s / 10,
-             Y: 1e4 / s + t / 100 + r, "p99_itl_ms": t / 100 + 10}
+             Y: 1e4 / s + t / 100 + r * 1e3 * (r > 6), "p99_itl_ms": t / 100 + 10, "p99_tpot_ms": 12.5}
             for r in rates for s in seqs for t in tokens]
     out = pd.DataFrame(rows)
     out["vllm_refuses"] = out["max_num_batched_tokens"] < out["max_num_seqs"]
@@ -78,127 +133,121 @@ def df():
     return out
 
 
-def test_two_knobs_chart_controls(df):
+def params_of(spec):
+    return {p["name"]: p for p in spec["params"]}
+
+
+def test_two_knobs_chart_has_a_slider_per_knob_and_radio_buttons_for_the_rate(df):
     spec = chapter.two_knobs_chart(df, DEFAULTS, offline_tokens=16384).to_dict()  # validates the schema
-    params = {p["name"]: p for p in spec["params"]}
-    assert set(params) == {"log2_seqs", "log2_tokens", "rate_req_s", "visited", "visited_push"}
-    seqs, tokens = params["log2_seqs"]["bind"], params["log2_tokens"]["bind"]
-    assert seqs == {"input": "radio", "options": [10.0, 11.0, 12.0], "labels": ["1,024", "2,048", "4,096"],
-                    "name": "max_num_seqs (sequences)"}  # each knob in its own unit; the parameters hold log2
-    assert tokens == {"input": "radio", "options": [11.0, 12.0, 13.0, 14.0],
-                      "labels": ["2,048", "4,096", "8,192", "16,384"], "name": "max_num_batched_tokens (tokens)"}
-    assert not any("2^" in b.get("name", "") for b in walk(spec, "bind") if isinstance(b, dict))
-    assert params["log2_seqs"]["value"] == 10.0 and params["log2_tokens"]["value"] == 13.0  # vLLM's default
-    assert params["rate_req_s"]["bind"]["input"] == "radio"
-    assert params["rate_req_s"]["bind"]["options"] == [5.0, 10.0]
-    assert params["rate_req_s"]["value"] == 5.0  # the second highest rate
-    chosen = chapter.two_knobs_chart(df, DEFAULTS, rate_req_s=10.0).to_dict()
-    assert params_value(chosen, "rate_req_s") == 10.0
+    params = params_of(spec)
+    assert set(params) == {"seqs_i", "tokens_i", "rate_i", "visited", "visited_push"}
+    seqs, tokens = params["seqs_i"]["bind"], params["tokens_i"]["bind"]
+    assert seqs == {"input": "range", "min": 0.0, "max": 2.0, "step": 1.0, "name": "max_num_seqs (sequences)"}
+    assert tokens["input"] == "range" and (tokens["min"], tokens["max"], tokens["step"]) == (0.0, 3.0, 1.0)
+    labels = bl.viz._slider_labels(spec)  # what the page's runtime writes beside each slider (viz.render)
+    assert labels["seqs_i"]["labels"] == ["1,024", "2,048", "4,096"]
+    assert labels["tokens_i"]["labels"] == ["2,048", "4,096", "8,192", "16,384"]
+    assert params["seqs_i"]["value"] == 0.0 and params["tokens_i"]["value"] == 2.0  # vLLM's default, 8,192
+    rate = params["rate_i"]
+    assert rate["bind"]["input"] == "radio" and rate["bind"]["options"] == [0.0, 1.0, 2.0]
+    assert rate["bind"]["labels"] == ["5.0", "10.0", chapter.EVERY_LOAD] and rate["value"] == 2.0  # every load
+    assert params_of(chapter.two_knobs_chart(df, DEFAULTS, rate_req_s=10.0).to_dict())["rate_i"]["value"] == 1.0
 
 
-def test_two_knobs_chart_layers(df):
+def test_every_panel_shows_the_selected_rate_or_every_load(df):
     spec = chapter.two_knobs_chart(df, DEFAULTS, offline_tokens=16384).to_dict()
     readout, top, bottom, grid = spec["vconcat"]
-    assert readout["mark"]["type"] == "text"
-    assert "vllm_refuses" in json.dumps(readout["transform"])  # a refused pair is named, not given numbers
-    assert [layer["mark"]["type"] for layer in top["layer"]] == ["point", "line", "point", "point", "point"]
-    assert [layer["mark"]["type"] for layer in bottom["layer"]] == ["point", "point", "point", "point"]  # no frontier
+    one_rate = "(rate_i == 2 || abs(datum['rate_i'] - rate_i) < 0.5)"
+    for panel in (top, bottom, grid):
+        for layer in panel["layer"]:
+            assert one_rate in json.dumps(layer.get("transform", [])), layer["mark"]
     for panel in (top, bottom):  # refused pairs were never run: they have no operating point
         assert {"filter": "!datum.vllm_refuses"} in panel["layer"][0]["transform"]
-    assert [layer["mark"]["type"] for layer in grid["layer"]] == ["point", "point", "point", "point"]
-    dots = grid["layer"][0]["encoding"]
-    assert dots["x"]["field"] == "max_num_batched_tokens" and dots["y"]["field"] == "max_num_seqs"
-    assert dots["shape"]["field"] == "kind" and "datum.frontier" in json.dumps(dots["color"])
-    grid_filter = json.dumps(grid["layer"][0]["transform"])
-    assert "rate_req_s" in grid_filter and "vllm_refuses" not in grid_filter  # every pair of the selected rate
-    assert top["layer"][0]["encoding"]["y"]["scale"]["type"] == "log"
-    assert top["layer"][0]["encoding"]["y"]["title"] == "p99 ttft (ms)"
-    assert "p99_itl_ms" in json.dumps(bottom["layer"][0]["transform"])
-    assert top["layer"][0]["encoding"]["x"]["title"] == "output throughput (tok/s)"
-    assert {"filter": "datum.frontier"} in top["layer"][1]["transform"]
-    highlight = json.dumps(top["layer"][4]["transform"])
-    assert all(name in highlight for name in ("log2_seqs", "log2_tokens", "rate_req_s"))
-    shapes = top["layer"][0]["encoding"]["shape"]["scale"]
-    assert shapes["domain"] == list(chapter.TWO_KNOB_KINDS) and "cross" in shapes["range"]
+    line = [layer for layer in top["layer"] if layer["mark"]["type"] == "line"]
+    assert len(line) == 1 and {"filter": "rate_i == 2"} in line[0]["transform"]  # the frontier line: every load
+    assert [layer["mark"]["type"] for layer in top["layer"]] == ["point", "line", "point", "point", "point", "point"]
+    assert [layer["mark"]["type"] for layer in bottom["layer"]] == ["point"] * 4  # no frontier
+    chosen = json.dumps(top["layer"][-1]["transform"])
+    assert all(name in chosen for name in ("seqs_i", "tokens_i", "rate_i"))
 
 
-def test_two_knobs_chart_clamps_the_ttft_axis_and_marks_what_lies_beyond(df):
-    spec = chapter.two_knobs_chart(df, DEFAULTS, y_domain=[32.0, 50.0]).to_dict()
+def test_latency_axes_are_log_in_ms_and_s_over_a_fixed_throughput_axis(df):
+    spec = chapter.two_knobs_chart(df, DEFAULTS).to_dict()
     _, top, bottom, _ = spec["vconcat"]
-    y = top["layer"][0]["encoding"]["y"]
-    assert y["scale"] == {"type": "log", "domain": [32.0, 50.0], "nice": False}
-    assert y["axis"]["values"] == [50]
-    calc = {c["as"]: c["calculate"] for c in top["layer"][0]["transform"] if "calculate" in c}
-    assert calc["y_shown"] == "clamp(datum['p99_ttft_ms'], 32.0, 50.0)"  # drawn on the edge, not dropped
-    assert "triangle-up" in json.dumps(top["layer"][0]["encoding"]["shape"]["scale"]["range"])
-    shape = top["layer"][0]["encoding"]["shape"]
-    kinds = dict(zip(shape["scale"]["domain"], shape["scale"]["range"]))
-    assert shape["field"] == "kind_shown" and kinds[chapter.OFF_AXIS_KINDS["above"][0]] == "triangle-up"
-    assert kinds[chapter.OFF_AXIS_KINDS["below"][0]] == "triangle-down"  # the fixture has TTFTs below 32 and above 50
-    tips = {t["field"] for t in top["layer"][0]["encoding"]["tooltip"]}
-    assert "p99_ttft_ms" in tips and "y_shown" not in tips  # the tooltip reads the true value
+    for panel, col in ((top, Y), (bottom, "p99_itl_ms")):
+        y = panel["layer"][0]["encoding"]["y"]
+        assert y["field"] == col and y["scale"]["type"] == "log" and "domain" not in y["scale"]  # fits the runs shown
+        assert y["axis"]["labelExpr"] == chapter.DURATION_LABEL
+        x = panel["layer"][0]["encoding"]["x"]
+        accepted = df.loc[~df["vllm_refuses"], X]
+        assert x["scale"]["domain"] == [pytest.approx(accepted.min() * 0.95), pytest.approx(accepted.max() * 1.03)]
+    assert top["layer"][0]["encoding"]["y"]["title"] == "p99 TTFT (log scale)"
+    assert top["layer"][0]["encoding"]["x"]["title"] == "output throughput (tok/s)"
     rows = max(spec["datasets"].values(), key=len)
-    assert len(rows) == len(df) and max(r["p99_ttft_ms"] for r in rows) > 50  # no run dropped
-    assert "domain" not in bottom["layer"][0]["encoding"]["y"]["scale"]  # the ITL panel is not clamped
-    whole = chapter.two_knobs_chart(df, DEFAULTS).to_dict()["vconcat"][1]["layer"][0]["encoding"]
-    assert whole["shape"]["scale"]["domain"] == list(chapter.TWO_KNOB_KINDS)  # nothing off the axis: no legend entry
+    assert len(rows) == len(df) and max(r[Y] for r in rows if r[Y] is not None) > 1e4  # no run clamped or dropped
 
 
-def test_ttft_axis_carries_the_frontier_and_the_default_below_capacity():
-    df = pd.DataFrame({"rate_req_s": [1.0, 1.0, 1.0, 9.0], "max_num_seqs": [8, 16, 32, 32],
-                       "max_num_batched_tokens": [512, 512, 2048, 2048], "frontier": [True, False, False, True],
-                       "p99_ttft_ms": [236.0, 5000.0, 422.0, 90000.0]})
-    # the frontier (236) and the default (422) below capacity; not the dominated run, not the overloaded one
-    assert chapter.ttft_axis(df, {"max_num_seqs": 32, "max_num_batched_tokens": 2048}, 5.0) == [150.0, 700.0]
+def test_readout_reads_durations_as_a_reader_writes_them(df):
+    spec = chapter.two_knobs_chart(df, DEFAULTS).to_dict()
+    readout = spec["vconcat"][0]
+    assert [layer["mark"]["type"] for layer in readout["layer"]] == ["text", "text"]
+    calc = {c["as"]: c["calculate"] for c in readout["layer"][1]["transform"] if "calculate" in c}
+    assert calc["y_text"] == bl.viz.duration_text(Y) and calc["y2_text"] == bl.viz.duration_text("p99_itl_ms")
+    assert "datum.y_text" in calc["label"] and "datum.rate_req_s" in calc["label"]
+    refusal = calc["label"].split("? '")[1].split("'")[0]
+    assert refusal.startswith("refused by vLLM") and len(refusal) < 50  # fits a phone's column
+    assert "rate_i == 2" in calc["line_y"]  # every load: one line per rate
 
 
-def test_carrying_domain_rounds_outward():
-    assert chapter.carrying_domain([236.0, 422.0]) == [150.0, 700.0]  # 157 -> 150, 633 -> 700
-    assert chapter.carrying_domain([100.0], pad=1.0) == [100.0, 100.0]
-    assert chapter.carrying_domain([0.0, 12.0, np.nan, 30.0], pad=2.0) == [5.0, 70.0]
-    with pytest.raises(ValueError):
-        chapter.carrying_domain([np.nan])
+def test_tooltips_are_titled_in_words_with_units(df):
+    spec = chapter.two_knobs_chart(df, DEFAULTS).to_dict()
+    tips = [t for tips in walk(spec, "tooltip") if isinstance(tips, list) for t in tips]
+    assert tips and all(isinstance(t, dict) and t.get("title") for t in tips)
+    titles = {t["field"]: t["title"] for t in tips}
+    assert titles["y_text"] == "p99 TTFT" and titles["p99_tpot_ms"] == "p99 TPOT (ms)"
+    assert titles["max_num_seqs"] == "max_num_seqs (sequences)"
 
 
 def test_two_knobs_chart_rate_colours_are_distinct_okabe_ito(df):
     spec = chapter.two_knobs_chart(df, DEFAULTS).to_dict()
     colour = spec["vconcat"][1]["layer"][0]["encoding"]["color"]
     assert colour["field"] == "rate_req_s"
-    first4 = colour["scale"]["range"][:4]
+    assert colour["scale"]["domain"] == [5.0, 10.0]  # every rate, so a rate keeps its colour when shown alone
+    assert colour["scale"]["range"] == chapter.RATE_COLORS[:2]
+    first4 = chapter.RATE_COLORS[:4]
     assert set(first4) <= set(bl.viz.PALETTE) and len(set(first4)) == 4
-    assert chapter.HIGHLIGHT not in colour["scale"]["range"]
+    assert chapter.HIGHLIGHT not in chapter.RATE_COLORS
     for a, b in [("#56B4E9", "#0072B2"), ("#E69F00", "#D55E00")]:  # the two near-identical pairs
         assert not {a, b} <= set(first4)
 
 
-def test_two_knobs_chart_refused_pair_is_a_cross_with_a_short_readout(df):
+def test_grid_panel_draws_refused_pairs_as_crosses_and_the_frontier_on_top(df):
     spec = chapter.two_knobs_chart(df, DEFAULTS).to_dict()
-    readout, _, _, grid = spec["vconcat"]
+    grid = spec["vconcat"][3]
+    assert [layer["mark"]["type"] for layer in grid["layer"]] == ["point"] * 4
+    dots = grid["layer"][0]["encoding"]
+    assert dots["x"]["field"] == "max_num_batched_tokens" and dots["y"]["field"] == "max_num_seqs"
+    assert "datum.frontier" in json.dumps(dots["color"]) and dots["order"]["field"] == "front"
     for layer in grid["layer"]:
         scale = layer["encoding"]["shape"]["scale"]
         assert dict(zip(scale["domain"], scale["range"]))["refused by vLLM"] == "cross"
-        assert layer["encoding"]["shape"]["field"] == "kind"  # the chosen pair too: a green cross, not a circle
-    label = readout["transform"][-1]["calculate"]
-    refusal = label.split("? '")[1].split("'")[0]
-    assert refusal.startswith("refused by vLLM") and len(refusal) < 50  # fits the chart's width
     rows = max(spec["datasets"].values(), key=len)
     assert {r["kind"] for r in rows if r["vllm_refuses"]} == {"refused by vLLM"}
 
 
-def test_two_knobs_chart_trail_of_visited_configurations(df):
+def test_two_knobs_chart_trail_of_visited_pairs(df):
     spec = chapter.two_knobs_chart(df, DEFAULTS).to_dict()
-    params = {p["name"]: p for p in spec["params"]}
+    params = params_of(spec)
     trail = params["visited"]["select"]
     assert trail["type"] == "point" and trail["toggle"] == "true" and trail["clear"] is False
-    assert trail["fields"] == ["log2_seqs", "log2_tokens", "rate_req_s"]
-    push = params["visited_push"]["expr"]  # every change of the buttons inserts the picked configuration
-    assert push.startswith("modify('visited_store'") and "values: [log2_seqs, log2_tokens, rate_req_s]" in push
+    assert trail["fields"] == ["seqs_i", "tokens_i"]
+    push = params["visited_push"]["expr"]  # every move of a slider inserts the picked pair
+    assert push.startswith("modify('visited_store'") and "values: [seqs_i, tokens_i]" in push
     _, top, bottom, grid = spec["vconcat"]
     for panel in (top, bottom, grid):
         faded = [layer for layer in panel["layer"]
                  if {"filter": {"param": "visited", "empty": False}} in layer.get("transform", [])]
         assert len(faded) == 1 and faded[0]["mark"]["filled"] is False and faded[0]["mark"]["opacity"] < 1
-        assert faded[0]["mark"]["color"] == chapter.HIGHLIGHT
 
 
 def test_two_knobs_chart_data(df):
@@ -206,42 +255,31 @@ def test_two_knobs_chart_data(df):
     datasets = list(spec["datasets"].values())
     points = max(datasets, key=len)
     assert len(points) == len(df)  # the whole grid is in the page
-    kinds = [row["kind"] for row in points]
-    assert kinds.count("refused by vLLM") == int(df["vllm_refuses"].sum()) == 2  # 4096 sequences, 2048 tokens
+    assert [row["kind"] for row in points].count("refused by vLLM") == int(df["vllm_refuses"].sum()) == 2
     marks = [d for d in datasets if d is not points][0]
     assert sorted(row["kind"] for row in marks) == ["vLLM offline default"] * 2 + ["vLLM serve default"] * 2
-    assert {(row["max_num_seqs"], row["max_num_batched_tokens"]) for row in marks} == {(1024, 8192), (1024, 16384)}
-    assert {row["log2_seqs"] for row in points} == {10, 11, 12}
+    assert {row["seqs_i"] for row in points} == {0, 1, 2} and {row["rate_i"] for row in points} == {0, 1}
+    assert {(r["seqs_i"], r["max_num_seqs"]) for r in points} == {(0, 1024), (1, 2048), (2, 4096)}
     without = chapter.two_knobs_chart(df, DEFAULTS).to_dict()
     assert sum(len(d) for d in without["datasets"].values()) == len(df) + 2  # serve default only, per rate
-    titles = [t for t in walk(spec, "title") if isinstance(t, str)]
-    assert all(t == t.lower() for t in titles if t not in ("request rate (req/s)",))
-    assert np.isclose(params_value(spec, "rate_req_s"), 5.0)
 
 
 def test_tables_read_in_units():
     assert [chapter.format_ms(v) for v in (412.4, 1286.0, 468317.0, np.nan)] == ["412 ms", "1.3 s", "468 s",
                                                                                "refused"]
-    df = pd.DataFrame({"rate_req_s": [19.8] * 3, "max_num_seqs": [8, 8, 1024],
-                       "max_num_batched_tokens": [512, 1024, 512], "p99_ttft_ms": [468317.0, 422.0, np.nan]})
-    html = chapter.ttft_grid_table(df, 19.8).to_html()
-    assert "468 s" in html and "422 ms" in html and "refused" in html and "468317" not in html
-    assert "1,024" in html and "max_num_seqs (sequences)" in html
-    runs = chapter.runs_table(df, {"rate_req_s": "rate (req/s)", "max_num_seqs": "max_num_seqs",
-                                   "p99_ttft_ms": "p99 TTFT"}).to_html()
-    assert "19.8" in runs and "p99 TTFT" in runs and "468 s" in runs
+    df = pd.DataFrame({"rate_req_s": [19.8] * 2, "load": [0.95] * 2, "max_num_seqs": [8, 1024],
+                       "p99_ttft_ms": [468317.0, 422.0], "itl_ratio": [1.95, 1.0]})
+    runs = chapter.runs_table(df, {"rate_req_s": "rate (req/s)", "load": "load", "max_num_seqs": "max_num_seqs",
+                                   "p99_ttft_ms": "p99 TTFT", "itl_ratio": "p99 ITL, default / pick"}).to_html()
+    assert "19.8" in runs and "95%" in runs and "468 s" in runs and "422 ms" in runs and "1,024" in runs
+    assert "×1.9" in runs and "468317" not in runs
     gpus = chapter.vllm_defaults_style(chapter.vllm_defaults_table(["a100-80gb"]).set_index("gpu")).to_html()
     assert "HBM (GiB)" in gpus and "2,048" in gpus and "hbm_gib" not in gpus
     assert "A100 80GB" in gpus and ">index<" not in gpus and ">gpu<" not in gpus  # the page's names, no stray index
 
 
-def params_value(spec, name):
-    return next(p["value"] for p in spec["params"] if p["name"] == name)
-
-
-def test_uneven_knob_grid_gets_buttons_on_its_values(df):
-    uneven = df.replace({"max_num_seqs": {4096: 8192}})  # log2 10, 11, 13: a slider would stop on a missing value
-    params = {p["name"]: p for p in chapter.two_knobs_chart(uneven, DEFAULTS).to_dict()["params"]}
-    assert params["log2_seqs"]["bind"]["options"] == [10.0, 11.0, 13.0]
-    assert params["log2_seqs"]["bind"]["labels"] == ["1,024", "2,048", "8,192"]
-    assert params["rate_req_s"]["bind"]["input"] == "radio"  # even two evenly spaced rates stay named choices
+def test_uneven_knob_grid_still_gets_a_slider_over_its_positions(df):
+    uneven = df.replace({"max_num_seqs": {4096: 8192}})  # 1,024, 2,048, 8,192: positions 0, 1, 2
+    spec = chapter.two_knobs_chart(uneven, DEFAULTS).to_dict()
+    assert params_of(spec)["seqs_i"]["bind"]["input"] == "range"
+    assert bl.viz._slider_labels(spec)["seqs_i"]["labels"] == ["1,024", "2,048", "8,192"]
