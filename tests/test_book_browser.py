@@ -37,18 +37,18 @@ WIDTHS = (1280, 400)  # a laptop window and a phone: every chart must fit the te
 # chapter that adds a control changes its own line.
 CONTROLS = {
     "notebooks/01_static_batching": {"range": 1},  # output-length CV
-    "notebooks/02_dynamic_batching": {"range": 1, "select": 1},  # max queue delay; the latency metric
+    "notebooks/02_dynamic_batching": {"range": 2, "select": 1},  # offered load, max queue delay; the latency metric
     "notebooks/03_continuous_batching": {"range": 1},  # the highlighted request
-    "notebooks/04_step_time_roofline": {"range": 1},  # context per sequence (tokens)
-    "notebooks/05_prefill_spike": {"select": 2},  # model and scheduler order
+    "notebooks/04_step_time_roofline": {"range": 2},  # batch size (sequences); context per sequence (tokens)
+    "notebooks/05_prefill_spike": {"radio": 2},  # model; scheduler order
     "notebooks/06_chunked_prefill": {"range": 1, "checkbox": 1},  # token budget; chunking on or off
-    "notebooks/07_piggybacking": {"range": 1},  # token budget of the split chart
-    "notebooks/08_two_knobs": {"range": 2, "radio": 1},  # max_num_seqs, max_num_batched_tokens; the rate
-    "notebooks/09_tuning": {"range": 3},  # workload, SLO and load of the goodput map
+    "notebooks/07_piggybacking": {"range": 2},  # the iteration picker; token budget of the split chart
+    "notebooks/08_two_knobs": {"range": 2, "radio": 1},  # max_num_seqs, max_num_batched_tokens; one rate or all
+    "notebooks/09_tuning": {"radio": 3},  # workload, SLO and load of the goodput map
     "notebooks/10_prefix_caching": {"range": 1, "radio": 1},  # KV pool (GiB); workload
-    "notebooks/11_disaggregation": {"range": 1, "radio": 1},  # SLO; workload
-    "notebooks/13_validation": {"select": 1},  # the measured set
-    "notebooks/14_fact_check": {"range": 1},  # token budget
+    "notebooks/11_disaggregation": {"radio": 2},  # SLO; workload
+    "notebooks/13_validation": {"select": 1},  # the measured set of the parity chart
+    "notebooks/14_fact_check": {"range": 1},  # max_num_batched_tokens (tokens) of the chunking trade-off
 }
 CONTROL_SELECTORS = {"range": "input[type=range]", "radio": ".vega-bind-radio", "select": "select",
                      "checkbox": "input[type=checkbox]"}

@@ -96,3 +96,41 @@ def test_tooltip_rules_catch_code_names_and_missing_units():
         "itl_ms: title 'inter-token latency' does not say its unit"]
     assert problems_of({"field": "itl_ms", "title": "inter-token latency (ms)"}) == []
     assert problems_of({"field": "max_num_seqs", "title": "max_num_seqs (sequences)"}) == []
+
+
+# -- links land where they say -------------------------------------------------------------------------------------
+_HREF = re.compile(r'<a\b[^>]*\bhref="([^"#:]*\.html)?#([^"]+)"')
+_ID = re.compile(r'\bid="([^"]+)"')
+
+
+def _pages():
+    return [p for p in sorted(HTML.rglob("*.html")) if "_static" not in p.parts and "_sources" not in p.parts]
+
+
+def test_every_link_to_an_anchor_finds_it():
+    """A link to a label of a page (the cheat sheet's, the {chapter} role's, a table's) lands on an element with that
+    id: a renamed label or a typo would otherwise leave the reader at the top of the page."""
+    ids = {p.resolve(): set(_ID.findall(p.read_text(encoding="utf-8"))) for p in _pages()}
+    broken = []
+    for page in _pages():
+        for target, anchor in _HREF.findall(page.read_text(encoding="utf-8")):
+            dest = (page.parent / target).resolve() if target else page.resolve()
+            if dest in ids and anchor not in ids[dest]:
+                broken.append(f"{page.relative_to(HTML)} -> {target}#{anchor}")
+    assert not broken, sorted(set(broken))[:20]
+
+
+def test_chapters_cite_the_references_they_use():
+    """Every work on the references page is linked from at least one page of the book, and every link to the
+    references page names one of its entries."""
+    refs = HTML / "book" / "references.html"
+    entries = set(re.findall(r'<span id="([a-z0-9-]+)"></span>', refs.read_text(encoding="utf-8")))
+    assert len(entries) >= 20
+    cited = set()
+    for page in _pages():
+        if page == refs:
+            continue
+        cited |= set(re.findall(r'href="[^"]*references\.html#([a-z0-9-]+)"', page.read_text(encoding="utf-8")))
+    assert cited <= entries, sorted(cited - entries)
+    uncited = sorted(entries - cited)
+    assert not uncited, f"works on the references page that no chapter links to: {uncited}"

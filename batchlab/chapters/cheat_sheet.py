@@ -1,175 +1,172 @@
-"""Chapter 12, cheat sheet: each symptom, the knob that treats it, and the number that backs it.
+"""Chapter 12, the cheat sheet: the book's advice as one index, symptom -> knob -> effect -> its number -> its chart.
 
-:func:`measure` reruns, with the same parameters, the calls the chapters named in each row make, and returns
-every number the sheet quotes; :func:`cheat_sheet` turns them into the table, one row per symptom, and
-:func:`styled` formats it for the page. Nothing is copied from another page: if a chapter's result changes, the
-sheet's does too.
+Every number comes from the facts layer (:mod:`batchlab.chapters.facts`), printed as the chapter that shows it in
+full prints it, so the sheet says what those chapters say and moves with them; every row links to the chart that
+shows the effect, at a label of that chapter. :data:`ROWS` holds the advice, :func:`cheat_sheet` the table,
+:func:`styled` the page's rendering.
 """
 from __future__ import annotations
 
+import re
 from typing import NamedTuple
 
-import numpy as np
 import pandas as pd
 
-from .. import CostModel, get_hardware, get_model, preset, simulate, vllm_defaults
-from ..sweep import default_vs_best, seqs_plateau, with_frontier
-from . import dynamic_batching, fact_check, piggybacking, prefill_spike, scenes, static_batching, two_knobs
+from .. import get_hardware, vllm_defaults
+from . import facts, link, scenes
 
 
-class Setup(NamedTuple):
-    """The chapters' parameters the sheet reruns with (chapter 12's ``parameters`` cell sets them)."""
+class Row(NamedTuple):
+    """One line of advice: what a reader sees, what to turn, what happens, the number and where it is shown."""
 
-    gpu: str = "h100-sxm"
-    model: str = "llama-3-8b"  # BF16
-    big_model: str = "llama-3-70b"  # FP8: the article's "70 GB of weights"
-    workload: str = "azure-conv-2023"  # the real-trace preset of chapters 02, 07 and 08
-    seed: int = 0
-    contexts: tuple = (1024, 4096)  # tokens of KV cache per sequence for the knee (chapter 04)
-    chunked_tokens: tuple = (512, 1024, 2048, 4096, 8192)  # budgets swept on the shared scene (06, 11)
-    n_policy: int = 1000  # requests of chapter 02's policy comparison
-    batch_size: int = 32  # its static batch
-    low: float = 0.01  # its low and high loads, as fractions of saturation
-    high: float = 0.9
-    delay_s: float = 0.05  # its max queue delay, s
-    n_mix: int = 2000  # requests of chapter 07's mixing comparison
-    mix_rate_req_s: float = 24.0
-    mix_tokens: int = 2048  # its max_num_batched_tokens
-    n_knobs: int = 3000  # requests of chapter 08's sweep
-    near: float = 0.95  # its near-capacity and overloaded rates, as fractions of capacity
-    over: float = 1.2
-    max_num_seqs: tuple = (8, 16, 32, 64, 128, 256, 512, 1024)
-    max_num_batched_tokens: tuple = (512, 1024, 2048, 4096, 8192, 16384)
-    same_throughput: float = 0.01  # chapter 08's tolerances
-    plateau: float = 0.05
+    symptom: str
+    knob: str
+    effect: str
+    number: str  # a template: {fact_name} is replaced by the fact as its chapter prints it
+    where: tuple  # (chapter slug, label on its page), the first the main one
 
 
-def _policies(cost, s: Setup) -> dict:
-    """Chapters 01 and 02: padding at output CV 0 and 1, saturation throughput and mean e2el at two loads."""
-    pad, _ = static_batching.static_padding_sweep(cost, [0.0, 1.0], n_requests=512, batch_size=s.batch_size,
-                                                  prompt_tokens=512, output_mean=256, seed=s.seed)
-    sat = dynamic_batching.policy_grid(cost, s.workload, s.n_policy, [np.inf], batch_size=s.batch_size,
-                                       seed=s.seed).set_index("policy")["request_throughput"]
-    c = float(sat["continuous"])  # req/s: iteration-level saturation, the yardstick for load
-    loads = dynamic_batching.policy_grid(cost, s.workload, s.n_policy, {"low": s.low * c, "high": s.high * c},
-                                         batch_size=s.batch_size, delays_s=[s.delay_s], seed=s.seed)
-    return {"pad": pad.set_index("output_cv")["padding_fraction"], "sat": sat,
-            "e2el": loads.set_index(["load", "policy"])["mean_e2el_ms"] / 1e3}
+ROWS = (
+    Row("throughput far below the GPU's; batches padded and held by their longest member",
+        "iteration-level (continuous) batching", "a finished sequence's slot refills at once; no padding",
+        "{orca_capacity_req_s} against {lockstep_capacity_req_s} with lockstep batches of 32, all requests queued; "
+        "static batching pads {pad_cv1} of token slots at output CV 1",
+        (("dynamic_batching", "dynamic-capacity"), ("static_batching", "static-padding"))),
+    Row("at low load, requests wait for a batch to fill", "a max queue delay (dynamic batching), or iteration-level "
+        "batching", "latency at low load falls; at high load nothing changes",
+        "mean end-to-end latency at {low_load_req_s}: {low_e2el_static_s} static, {low_e2el_dynamic_s} dynamic "
+        "(a {dynamic_timer_ms} timer), {low_e2el_orca_s} iteration-level",
+        (("dynamic_batching", "dynamic-delay"),)),
+    Row("the decode step barely grows with the batch: the GPU is underused", "raise max_num_seqs",
+        "more tokens per step at almost the same step time, up to the knee",
+        "the step stays near {weight_stream_ms} up to the knee: {knee_1024} at 1,024 tokens of context, "
+        "{knee_4096:bare} at 4,096, {ridge:bare} with none",
+        (("step_time_roofline", "roofline-chart"),)),
+    Row("every decoding sequence stalls when a long prompt arrives", "chunked prefill: lower max_num_batched_tokens",
+        "the stall shrinks; the newcomer's first token comes later",
+        "an 8,000-token prompt beside {spike_decoders} decoding: tallest gap {spike_gap_ms} unchunked, "
+        "{chunk_2048_gap_ms} at 2,048 tokens, {chunk_512_gap_ms} at 512; its TTFT {chunk_off_ttft_ms}, "
+        "{chunk_2048_ttft_ms} and {chunk_512_ttft_ms}",
+        (("chunked_prefill", "chunking-hyperbola"), ("prefill_spike", "spike-chart"))),
+    Row("decoding stops while prompts are prefilled (prefill-only steps)",
+        "mix prompt chunks into decode steps (vLLM V1's default)",
+        "more throughput and a lower tail inter-token latency",
+        "at {rate_over_req_s}: {mix_v1_tput:bare} against {mix_v0_tput} of output, p99 ITL "
+        "{mix_v1_p99_itl_ms:bare} against {mix_v0_p99_itl_ms}",
+        (("piggybacking", "piggyback-mixing"),)),
+    Row("p99 TTFT high near capacity", "raise max_num_seqs until p99 TTFT stops improving",
+        "shorter queues; past the plateau, nothing",
+        "at {rate_near_req_s} p99 TTFT stops improving at {knobs_plateau_seqs}",
+        (("two_knobs", "two-knobs-frontier"),)),
+    Row("long stalls between tokens under load, with vLLM's defaults",
+        "lower max_num_batched_tokens; tune with an itl bound on the longest gap",
+        "shorter iterations for everyone decoding, at the same TTFT",
+        "at {rate_near_req_s}: {knobs_pick_max_num_batched_tokens} give p99 ITL {knobs_pick_p99_itl_ms} against the "
+        "default's {knobs_default_p99_itl_ms}, p99 TTFT {knobs_pick_p99_ttft_ms} against {knobs_default_p99_ttft_ms}; "
+        "with a longest-gap bound of {tuning_itl_bound_ms}, goodput {tuning_itl_pick_goodput_req_s} against "
+        "{tuning_itl_default_goodput_req_s}",
+        (("two_knobs", "two-knobs-itl"), ("tuning", "tuning-itl"))),
+    Row("fewer sequences run than max_num_seqs allows; preemptions",
+        "KV memory (gpu_memory_utilization, an FP8 KV cache, more GPUs), not max_num_seqs",
+        "more sequences fit; raising the cap does nothing",
+        "overloaded at {rate_over_req_s}: at most {over_peak_running:bare} of {vllm_default_max_num_seqs} run, "
+        "{over_preemptions}; the pool holds {kv_pool_tokens}",
+        (("two_knobs", "two-knobs-kv"),)),
+    Row("settings copied from another GPU or launcher behave differently", "read vLLM's defaults on this GPU",
+        "they follow the GPU and the launcher, not the model",
+        "H100 and H200: max_num_seqs {vllm_default_max_num_seqs:bare}, max_num_batched_tokens "
+        "{vllm_default_max_num_batched_tokens:bare} (vllm serve) or {vllm_offline_max_num_batched_tokens:bare} "
+        "(offline); A100 80GB: max_num_seqs {a100_seqs}",
+        (("two_knobs", "two-knobs-defaults"),)),
+    Row("a long prompt's first token is slow even on an idle GPU",
+        "nothing in the scheduler: the prompt's FLOPs set it (prefix caching, a smaller model, more GPUs)",
+        "chunking spreads the prefill over steps; it cannot shorten it",
+        "8,000 tokens: {prefill8_ideal_ms} at the full BF16 peak ({prefill8_ms} calibrated); Llama-3-70B FP8 at "
+        "least {prefill70_ideal_ms}",
+        (("prefill_spike", "spike-arithmetic"),)),
+    Row("prompts repeat a long system prompt or a conversation's history",
+        "prefix caching (on by default) and a KV pool that holds the prefixes",
+        "the first token comes sooner; a full server completes more",
+        "shared system prompts: median TTFT {prefix_sp_ttft_factor} times lower, a full server's throughput "
+        "{prefix_sp_throughput_factor} times higher; Mooncake's trace: {prefix_moon_hit} of prompt tokens found "
+        "at one H100's pool, of {prefix_moon_bound} that recur",
+        (("prefix_caching", "prefix-pool"), ("prefix_caching", "prefix-gain"))),
+    Row("several GPUs: replicas or prefill and decode apart?",
+        "replicas with chunked prefill; a prefill/decode split only for a tight TPOT bound on prompt-heavy traffic; "
+        "prefix-aware routing where shared prefixes outgrow one pool",
+        "every GPU busy with both kinds of work; a split strands GPUs unless the traffic's mix matches it",
+        "colocated replicas win {disagg_colocated_cells} and tie {disagg_tie_cells} of {disagg_cells} cells; a split "
+        "serves {disagg_code_tight_gain} times the goodput per GPU on code under {disagg_tight_slo}; prefix-aware "
+        "routing cuts the median TTFT of shared system prompts {disagg_router_sp_ttft_factor} times",
+        (("disaggregation", "disagg-goodput"), ("disaggregation", "disagg-routing"))),
+    Row("which settings for my own traffic and SLO?", "bl.tune, or python -m batchlab tune with --goodput",
+        "the pair with the most goodput under the SLO, and each pair's largest sustainable rate",
+        "on conversation traffic under TTFT and TPOT bounds the best pair's goodput is {tuning_usual_gain_max} "
+        "times the default's",
+        (("tuning", "tuning-map"), ("tuning", "tuning-headroom"))),
+)
+COLUMNS = ["symptom", "knob", "effect", "number", "setting", "where"]
+_FIELD = re.compile(r"\{([a-z0-9_]+)(:bare)?\}")  # {fact}: value and unit; {fact:bare}: the value alone
+EXTRA = {"a100_seqs": lambda: str(vllm_defaults(get_hardware("a100-80gb"))["max_num_seqs"])}  # vLLM's rule
 
 
-def _roofline(cost, big, s: Setup) -> dict:
-    """Chapters 04, 05 and 14: knees, batch-1 floors, the 8k prefill, the spike and the 70B gap."""
-    ideal, n = cost.ideal(), scenes.PROMPT_TOKENS
-    return {"ridge": ideal.knee(0), "knees": {c: ideal.knee(c) for c in s.contexts},
-            "floor_ms": ideal.decode_step_time(1, 0) * 1e3, "floor_cal_ms": cost.decode_step_time(1, 0) * 1e3,
-            "floor_big_ms": big.ideal().decode_step_time(1, 0) * 1e3,
-            "prefill_ms": ideal.prefill_time(n) * 1e3, "prefill_cal_ms": cost.prefill_time(n) * 1e3,
-            "spike": prefill_spike.prefill_spike(cost, prompt_tokens=n, context=scenes.CONTEXT).summary,
-            "gap_big_ms": fact_check.prefill_gap(big.ideal(), n)["step_s"] * 1e3,
-            "decoders": scenes.default_decoders(cost, scenes.CONTEXT)}
+def fact_names(rows=ROWS) -> list[str]:
+    """Every fact the sheet quotes, in order of first use."""
+    names = []
+    for row in rows:
+        names += [n for n, _ in _FIELD.findall(row.number) if n not in names and n not in EXTRA]
+    return names
 
 
-def _knobs(cost, hw, s: Setup, decoders: int) -> dict:
-    """Chapters 06 to 08: the chunking trade, the mixing comparison and the two-knob sweep near capacity."""
-    trade = fact_check.chunking_tradeoff(cost, s.chunked_tokens, n_decoders=decoders, context=scenes.CONTEXT,
-                                         prompt_tokens=scenes.PROMPT_TOKENS).set_index("max_num_batched_tokens")
-    mix = piggybacking.mixing_comparison(cost, s.workload, s.n_mix, [s.mix_rate_req_s],
-                                         max_num_batched_tokens=s.mix_tokens, seed=s.seed).set_index("policy")
-    capacity = two_knobs.saturation_rate(cost, s.workload, s.n_knobs, seed=s.seed)
-    near, over_rate = np.round(np.array([s.near, s.over]) * capacity, 1)
-    knobs = with_frontier(two_knobs.two_knob_sweep(cost, s.workload, [near], list(s.max_num_seqs),
-                                                   list(s.max_num_batched_tokens), n_requests=s.n_knobs,
-                                                   seed=s.seed), rel_tol=s.same_throughput)
-    defaults = vllm_defaults(hw)
-    plateau = seqs_plateau(knobs[~knobs["vllm_refuses"]], tol=s.plateau).set_index("max_num_batched_tokens")
-    seats = plateau.loc[defaults["max_num_batched_tokens"], "max_num_seqs"]
-    over = simulate(preset(s.workload, s.n_knobs, rate_req_s=over_rate, seed=s.seed), "chunked", cost)
-    return {"trade": trade, "mix": mix, "near": float(near), "over_rate": float(over_rate), "knobs": knobs,
-            "defaults": defaults, "seats": int(seats), "over": over,
-            "vs": default_vs_best(knobs, defaults, rel_tol=s.same_throughput, y_rel_tol=s.plateau,
-                                  then="p99_itl_ms").iloc[0],
-            "kept": knobs[(knobs["max_num_seqs"] >= seats) & ~knobs["vllm_refuses"]]["output_throughput"],
-            "kv_tokens": int((over.knobs["num_kv_blocks"] - 1) * over.knobs["block_size"]),
-            "gpus": two_knobs.vllm_defaults_table(["h100-sxm", "h200", "a100-80gb"]).set_index("gpu")}
+def _settings(row: Row) -> list[str]:
+    """The scenes the row's facts come from, each once, as a table cell names them."""
+    keys = []
+    for name in fact_names([row]):
+        if (key := facts.get(name).scene) not in keys:
+            keys.append(key)
+    return [scenes.scene(k).short or scenes.scene(k).text for k in keys]
 
 
-def measure(setup: Setup | None = None) -> dict:
-    """Every number the cheat sheet quotes, by name (see :func:`cheat_sheet`), with ``setup`` (default:
-    :class:`Setup`'s, the chapters' own parameters). Used in chapter 12."""
-    setup = setup or Setup()
-    hw = get_hardware(setup.gpu)
-    cost = CostModel(hw, get_model(setup.model))  # calibrated efficiencies
-    big = CostModel(hw, get_model(setup.big_model), dtype="fp8")
-    m = {"setup": setup, "cost": cost, **_policies(cost, setup), **_roofline(cost, big, setup)}
-    return {**m, **_knobs(cost, hw, setup, m["decoders"])}
+def _shown(name: str, bare: bool) -> str:
+    if name in EXTRA:
+        return EXTRA[name]()
+    f = facts.get(name)
+    return format(facts.value(name), f.fmt) if bare and f.fmt else facts.rendered(name)
 
 
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:,.0f} ms"
+def _number(template: str) -> str:
+    return _FIELD.sub(lambda m: _shown(m.group(1), bool(m.group(2))), template)
 
 
-def cheat_sheet(m: dict) -> pd.DataFrame:
-    """Symptom -> knob -> effect, one row each, with the number and the chapters that back it.
+def cheat_sheet(rows=ROWS, html_links: bool = True) -> pd.DataFrame:
+    """The sheet: one row per piece of advice, columns :data:`COLUMNS`.
 
-    ``m`` is :func:`measure`'s. Columns: ``symptom``, ``knob`` (what to change), ``effect`` (what it does, in
-    words), ``number`` (the measurement, with units) and ``chapter``.
+    ``number`` is the row's measurement with every fact printed as its chapter prints it, ``setting`` the scenes its
+    facts come from (the load is in the number), ``where`` the links to the charts that show it (HTML ``<a>`` to
+    ``notebooks/NN_slug.html#label``; with ``html_links`` False, "slug#label"). Used in chapter 12.
     """
-    s, pad, sat, e2el, trade, mix = m["setup"], m["pad"], m["sat"], m["e2el"], m["trade"], m["mix"]
-    v1, _, v0 = (mix.loc[k] for k in piggybacking.MIXING_POLICIES)  # vLLM V1, Orca, vLLM V0
-    vs, d, over, gpus, knees = m["vs"], m["defaults"], m["over"], m["gpus"], m["knees"]
-    hi, lo = trade.iloc[-1], trade.iloc[0]
-    rows = [
-        ("throughput far below the GPU's; batches padded and held by their longest member",
-         "iteration-level (continuous) batching", "no padding, a finished sequence's slot refills at once",
-         f"{sat['continuous']:.1f} vs {sat['static']:.1f} req/s at saturation; static pads {pad[1.0]:.0%} of "
-         f"slots at output CV 1", "01, 02"),
-        ("at low load, requests wait for a batch to fill", "stop waiting: iteration-level batching (or a short "
-         "max queue delay)", "latency at low load drops; nothing changes at high load",
-         f"mean e2el {e2el['low', 'static']:.0f} s static vs {e2el['low', 'dynamic']:.1f} s dynamic at "
-         f"{s.low:.0%} load; {e2el['high', 'static']:.0f} vs {e2el['high', 'dynamic']:.0f} s at {s.high:.0%}", "02"),
-        ("decode step time barely grows with the batch: the GPU is underused", "raise max_num_seqs",
-         "more tokens per step at almost the same step time, until the step leaves its floor",
-         f"flat up to {knees[s.contexts[0]]:.0f} sequences at {s.contexts[0]:,} tokens of context, "
-         f"{knees[s.contexts[1]]:.0f} at {s.contexts[1]:,} ({m['ridge']:.0f} with none); batch 1 takes "
-         f"{m['floor_cal_ms']:.1f} ms", "04"),
-        ("every decoder stalls when a long prompt arrives (one tall ITL spike)",
-         "chunked prefill: lower max_num_batched_tokens", "the spike shrinks; the newcomer's TTFT grows",
-         f"{scenes.PROMPT_TOKENS:,}-token prompt beside {m['decoders']} decoders: tallest gap {_ms(hi['itl_max_s'])} "
-         f"at {int(trade.index[-1]):,} tokens, {_ms(lo['itl_max_s'])} at {int(trade.index[0])}; TTFT "
-         f"{_ms(hi['ttft_s'])} to {_ms(lo['ttft_s'])}", "05, 06"),
-        ("decoders idle during prefill-only steps", "mix prefill chunks into decode steps (vLLM's default)",
-         "more throughput and a lower p99 ITL", f"{v1['output_throughput']:,.0f} vs {v0['output_throughput']:,.0f} "
-         f"output tok/s; p99 ITL {v1['p99_itl_ms']:.0f} vs {v0['p99_itl_ms']:.0f} ms", "07"),
-        ("p99 TTFT high near capacity", "raise max_num_seqs up to where p99 TTFT stops improving",
-         "shorter queues; beyond the plateau nothing more", f"at {m['near']:.1f} req/s p99 TTFT stops improving at "
-         f"{m['seats']} sequences; above it throughput varies by {m['kept'].max() / m['kept'].min() - 1:.1%}", "08"),
-        ("p99 ITL high under load with vLLM's defaults", "lower max_num_batched_tokens",
-         "shorter steps for decoders, often with no TTFT cost",
-         f"({int(vs['best_max_num_seqs'])}, {int(vs['best_max_num_batched_tokens']):,}) vs the default "
-         f"({d['max_num_seqs']:,}, {d['max_num_batched_tokens']:,}): p99 ITL {vs['best_p99_itl_ms']:.0f} vs "
-         f"{vs['default_p99_itl_ms']:.0f} ms, p99 TTFT {vs['best_p99_ttft_ms']:.0f} vs "
-         f"{vs['default_p99_ttft_ms']:.0f} ms", "08"),
-        ("fewer sequences run than max_num_seqs allows; preemptions", "KV memory (gpu_memory_utilization, FP8 KV, "
-         "more GPUs), not max_num_seqs", "more sequences fit; raising the cap does nothing",
-         f"overloaded at {m['over_rate']:.1f} req/s: at most {over.steps['running'].max()} running of "
-         f"{d['max_num_seqs']:,} allowed, {over.summary()['preemptions']} preemptions; the pool holds "
-         f"{m['kv_tokens']:,} tokens", "08"),
-        ("settings copied from another GPU or launcher behave differently", "read vLLM's defaults on this GPU",
-         "the defaults follow the GPU and the launcher, not the model",
-         f"max_num_seqs {int(gpus.loc['h100-sxm', 'max_num_seqs']):,} on H100 and H200, "
-         f"{int(gpus.loc['a100-80gb', 'max_num_seqs'])} on A100 80GB; H100 budget "
-         f"{int(gpus.loc['h100-sxm', 'max_num_batched_tokens_serve']):,} (serve), "
-         f"{int(gpus.loc['h100-sxm', 'max_num_batched_tokens_offline']):,} (offline)", "08, 11"),
-        ("a long prompt's first token is slow even on an idle GPU", "nothing in the scheduler: the prompt's FLOPs "
-         "set it (a smaller model, more GPUs)", "chunking only spreads it; it cannot shorten it",
-         f"{scenes.PROMPT_TOKENS:,} tokens: {m['prefill_ms']:.0f} ms at full BF16 peak for the 8B model "
-         f"({m['prefill_cal_ms']:.0f} calibrated); at least {m['gap_big_ms']:.0f} ms for 70B FP8", "05, 11"),
-    ]
-    return pd.DataFrame(rows, columns=["symptom", "knob", "effect", "number", "chapter"])
+    out = []
+    for row in rows:
+        where = [link(slug, label) if html_links else f"{slug}#{label}" for slug, label in row.where]
+        out.append({"symptom": row.symptom, "knob": row.knob, "effect": row.effect, "number": _number(row.number),
+                    "setting": "; ".join(_settings(row)), "where": ", ".join(where)})
+    return pd.DataFrame(out, columns=COLUMNS)
 
 
 def styled(sheet: pd.DataFrame):
-    """The sheet as the page shows it: left-aligned, top-aligned, no index. Used in chapter 12."""
-    return (sheet.style.hide(axis="index").set_uuid("cheat-sheet")
+    """The sheet as the page shows it: headers in words, left- and top-aligned, links live. Used in chapter 12."""
+    shown = sheet.rename(columns={"symptom": "symptom", "knob": "what to turn", "effect": "what it does",
+                                  "number": "how much (measured)", "setting": "setting", "where": "chart"})
+    return (shown.style.hide(axis="index").set_uuid("cheat-sheet")
             .set_properties(**{"text-align": "left", "vertical-align": "top", "padding": "0.3em 0.5em"})
             .set_table_styles([{"selector": "th", "props": "text-align: left; border-bottom: 2px solid #888"}]))
+
+
+def roofline_rules(cost, contexts=(1024, 4096), prompt_tokens: int = scenes.PROMPT_TOKENS) -> pd.DataFrame:
+    """The roofline numbers of the sheet for any cost model (its pure roofline): the knee at no context and at each
+    of ``contexts``, the batch-1 decode step and the ``prompt_tokens`` prefill. Chapter 12's explore cell."""
+    ideal = cost.ideal()
+    return pd.DataFrame({"context (tokens)": [0, *contexts],
+                         "knee (sequences)": [ideal.knee(0), *(ideal.knee(c) for c in contexts)]}).assign(
+        **{"batch-1 decode (ms)": ideal.decode_step_time(1, 0) * 1e3,
+           f"{prompt_tokens:,}-token prefill (ms)": ideal.prefill_time(prompt_tokens) * 1e3}).round(1)
