@@ -124,7 +124,7 @@ def test_chapters_cite_the_references_they_use():
     """Every work on the references page is linked from at least one page of the book, and every link to the
     references page names one of its entries."""
     refs = HTML / "book" / "references.html"
-    entries = set(re.findall(r'<span id="([a-z0-9-]+)"></span>', refs.read_text(encoding="utf-8")))
+    entries = set(re.findall(r'<p id="([a-z0-9-]+)">', refs.read_text(encoding="utf-8")))  # (label)= before an entry
     assert len(entries) >= 20
     cited = set()
     for page in _pages():
