@@ -235,4 +235,7 @@ def test_prefix_blocks_follow_sorting_and_slicing():
 def test_the_notation_page_names_the_vllm_version():
     from pathlib import Path
     page = (Path(__file__).resolve().parents[1] / "book" / "notation.md").read_text()
-    assert f"vLLM {bl.VLLM_VERSION}" in page and "`batchlab.VLLM_VERSION`" in page
+    # glued from the one constant, with its date, never typed: the built page then reads "vLLM 0.33.0, released on ..."
+    assert 'glue("vllm_version", bl.VLLM_VERSION' in page and 'glue("vllm_date", bl.VLLM_RELEASED' in page
+    assert "**vLLM {glue:text}`vllm_version`**, released on\n{glue:text}`vllm_date`" in page
+    assert bl.VLLM_VERSION not in page.split("## Which vLLM")[1].split("**If you run vLLM")[0]
