@@ -107,3 +107,11 @@ def set_range(slider, value) -> None:
 def chart_texts(chart) -> list[str]:
     """Every text the chart's svg draws (marks, axes, legends), in document order."""
     return chart.locator("svg text").all_text_contents()
+
+
+def redrawn(visit: Visit, chart, act) -> None:
+    """Do ``act()`` and wait until ``chart``'s svg differs from before (the control redrew it)."""
+    before = chart.locator("svg").first.inner_html()
+    act()
+    visit.page.wait_for_function("([id, old]) => document.querySelector('#' + id + ' svg').innerHTML !== old",
+                                 arg=[chart.get_attribute("id"), before], timeout=10_000)

@@ -91,3 +91,13 @@ def browser():
         b = p.chromium.launch(executable_path=bookpage.CHROMIUM, headless=True, args=bookpage.CHROMIUM_ARGS)
         yield b
         b.close()
+
+
+@pytest.fixture
+def page(site, browser, request):
+    """The page named by the test module's ``PAGE`` (``"notebooks/NN_slug"``), opened in a 1280 px window."""
+    import bookpage
+
+    v = bookpage.Visit(browser, f"{site}/{request.module.PAGE}.html")
+    yield v
+    v.close()

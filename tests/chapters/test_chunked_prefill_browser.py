@@ -7,7 +7,7 @@ Needs the built book (``make book``, or ``scripts/build_pages.py notebooks/06_ch
 from __future__ import annotations
 
 import pytest
-from bookpage import Visit, chart_texts, set_range
+from bookpage import Visit, chart_texts, redrawn, set_range
 
 from batchlab.chapters import facts
 
@@ -16,19 +16,6 @@ pytestmark = pytest.mark.browser
 PAGE = "notebooks/06_chunked_prefill"
 
 
-@pytest.fixture
-def page(site, browser):
-    v = Visit(browser, f"{site}/{PAGE}.html")
-    yield v
-    v.close()
-
-
-def _changed(v, chart, act) -> None:
-    """Do ``act()`` and wait until the chart's svg differs."""
-    before = chart.locator("svg").first.inner_html()
-    act()
-    v.page.wait_for_function("([id, old]) => document.querySelector('#' + id + ' svg').innerHTML !== old",
-                             arg=[chart.get_attribute("id"), before], timeout=10_000)
 
 
 def _first_token(chart) -> str:
@@ -49,22 +36,22 @@ def test_budget_slider_and_chunking_checkbox(page):
     assert shown.inner_text() == "2,048"
     assert _first_token(chart) == f"chunked, budget 2,048 tokens: first token after {_ttft('chunk_2048_ttft_ms')}"
 
-    _changed(page, chart, lambda: set_range(slider, 9))  # 2^9: 512 tokens
+    redrawn(page, chart, lambda: set_range(slider, 9))  # 2^9: 512 tokens
     assert shown.inner_text() == "512"
     assert _first_token(chart) == f"chunked, budget 512 tokens: first token after {_ttft('chunk_512_ttft_ms')}"
 
-    _changed(page, chart, box.click)  # chunking off: the budget changes nothing, so the slider is disabled
+    redrawn(page, chart, box.click)  # chunking off: the budget changes nothing, so the slider is disabled
     assert not box.is_checked() and slider.is_disabled()
     assert _first_token(chart) == f"chunking off: first token after {_ttft('chunk_off_ttft_ms')}"
     off = chart.locator("svg").first.inner_html()
     assert slider.locator("xpath=ancestor::*[contains(@class, 'vega-bind')][1]").get_attribute("class").count(
         "batchlab-disabled") == 1  # greyed out
 
-    _changed(page, chart, box.click)  # chunking on again: the slider is live and its budget is shown again
+    redrawn(page, chart, box.click)  # chunking on again: the slider is live and its budget is shown again
     assert box.is_checked() and slider.is_enabled()
     assert _first_token(chart) == f"chunked, budget 512 tokens: first token after {_ttft('chunk_512_ttft_ms')}"
     assert chart.locator("svg").first.inner_html() != off
-    _changed(page, chart, lambda: set_range(slider, 11))
+    redrawn(page, chart, lambda: set_range(slider, 11))
     assert _first_token(chart) == f"chunked, budget 2,048 tokens: first token after {_ttft('chunk_2048_ttft_ms')}"
     assert not page.errors, page.errors
 

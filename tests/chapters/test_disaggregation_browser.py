@@ -8,7 +8,7 @@ Needs the built book (``make book``, or ``scripts/build_pages.py notebooks/11_di
 from __future__ import annotations
 
 import pytest
-from bookpage import Visit
+from bookpage import redrawn
 
 from batchlab.chapters import disaggregation as chapter
 
@@ -17,18 +17,6 @@ pytestmark = pytest.mark.browser
 PAGE = "notebooks/11_disaggregation"
 
 
-@pytest.fixture
-def page(site, browser):
-    v = Visit(browser, f"{site}/{PAGE}.html")
-    yield v
-    v.close()
-
-
-def _changed(v, chart, act) -> None:
-    before = chart.locator("svg").first.inner_html()
-    act()
-    v.page.wait_for_function("([id, old]) => document.querySelector('#' + id + ' svg').innerHTML !== old",
-                             arg=[chart.get_attribute("id"), before], timeout=10_000)
 
 
 def _tooltip_of_bar(v, chart, config: str) -> str:
@@ -51,13 +39,13 @@ def test_slo_and_workload_buttons(page):
     for ttft, tpot in chapter.SLOS:
         assert chapter.slo_label(ttft, tpot) in labels
     workload = chart.locator(".vega-bindings input[type=radio][name=workload_pick]")
-    _changed(page, chart, lambda: workload.nth(2).check())  # code
+    redrawn(page, chart, lambda: workload.nth(2).check())  # code
     win = chapter.chapter_winners()
     best = win.loc[("code", 0)]
     tip = _tooltip_of_bar(page, chart, best["best_split_config"])
     assert f"{best['best_split']:.2f}" in tip and "goodput per GPU (req/s)" in tip and "_" not in tip
 
-    _changed(page, chart, lambda: slo.nth(1).check())  # the middle SLO: colocated chunked prefill wins
+    redrawn(page, chart, lambda: slo.nth(1).check())  # the middle SLO: colocated chunked prefill wins
     row = win.loc[("code", 1)]
     tip = _tooltip_of_bar(page, chart, row["winner"])
     assert f"{row['best_colocated']:.2f}" in tip and chapter.slo_label(*chapter.SLOS[1]) in tip

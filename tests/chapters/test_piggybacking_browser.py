@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from bookpage import Visit, chart_texts, set_range
+from bookpage import chart_texts, set_range
 
 import batchlab as bl
 from batchlab.chapters import facts, scenes
@@ -33,12 +33,6 @@ def run():
     res = bl.simulate(stream, "chunked", cost, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, record_schedule=True)
     return cost, res
 
-
-@pytest.fixture
-def page(site, browser):
-    v = Visit(browser, f"{site}/{PAGE}.html")
-    yield v
-    v.close()
 
 
 def _picker(v):

@@ -8,7 +8,7 @@ Needs the built book (``make book``, or ``scripts/build_pages.py notebooks/10_pr
 from __future__ import annotations
 
 import pytest
-from bookpage import Visit, chart_texts, set_range
+from bookpage import chart_texts, redrawn, set_range
 
 from batchlab.chapters import prefix_caching as chapter
 
@@ -17,19 +17,6 @@ pytestmark = pytest.mark.browser
 PAGE = "notebooks/10_prefix_caching"
 
 
-@pytest.fixture
-def page(site, browser):
-    v = Visit(browser, f"{site}/{PAGE}.html")
-    yield v
-    v.close()
-
-
-def _changed(v, chart, act) -> None:
-    """Do ``act()`` and wait until the chart's svg differs."""
-    before = chart.locator("svg").first.inner_html()
-    act()
-    v.page.wait_for_function("([id, old]) => document.querySelector('#' + id + ' svg').innerHTML !== old",
-                             arg=[chart.get_attribute("id"), before], timeout=10_000)
 
 
 def _duration(ms: float) -> str:
@@ -60,14 +47,14 @@ def test_pool_slider_and_workload_buttons(page):
     assert shown.inner_text() == "64 GiB"
     assert _shown_bars(chart) == _bar_labels(chapter.MOONCAKE, 64)
 
-    _changed(page, chart, lambda: set_range(slider, 11))  # 2^11 GiB
+    redrawn(page, chart, lambda: set_range(slider, 11))  # 2^11 GiB
     assert shown.inner_text() == "2 TiB"
     assert _shown_bars(chart) == _bar_labels(chapter.MOONCAKE, 2048)
 
     buttons = chart.locator(".vega-bindings input[type=radio]")
     assert [buttons.nth(i).get_attribute("value") for i in range(buttons.count())] == [
         chapter.MOONCAKE, chapter.SHARED_NAME, chapter.CHATS_NAME]
-    _changed(page, chart, lambda: buttons.nth(1).check())
+    redrawn(page, chart, lambda: buttons.nth(1).check())
     assert _shown_bars(chart) == _bar_labels(chapter.SHARED_NAME, 2048)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from bookpage import Visit, set_range
+from bookpage import set_range
 
 import batchlab as bl
 
@@ -77,12 +77,6 @@ def panels(chart) -> dict:
             out[gpu]["knees"].append((_number(m.group(1)), t["x"]))
     return out
 
-
-@pytest.fixture
-def page(site, browser):
-    v = Visit(browser, f"{site}/{PAGE}.html")
-    yield v
-    v.close()
 
 
 def _move(v, chart, slider, value) -> None:

@@ -8,7 +8,6 @@ Needs the built book (``make book``, or ``scripts/build_pages.py notebooks/09_tu
 from __future__ import annotations
 
 import pytest
-from bookpage import Visit
 
 import batchlab as bl
 from batchlab.chapters import facts
@@ -21,12 +20,6 @@ PAGE = "notebooks/09_tuning"
 _MARKS_JS = """el => [...el.querySelectorAll('g.mark-symbol.role-mark')].flatMap(g =>
   [...g.querySelectorAll('path')].map(p => p.getAttribute('aria-label') || ''))"""
 
-
-@pytest.fixture
-def page(site, browser):
-    v = Visit(browser, f"{site}/{PAGE}.html")
-    yield v
-    v.close()
 
 
 def _pick(v, chart, name: str, label: str) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from bookpage import Visit, chart_texts, set_range
+from bookpage import chart_texts, redrawn, set_range
 
 from batchlab.chapters import two_knobs as chapter
 
@@ -26,18 +26,6 @@ _CHOSEN_JS = """el => [...el.querySelectorAll('g.mark-symbol.role-mark')].filter
   g.getAttribute('class').includes('concat_1_layer_5'))[0].querySelectorAll('path')[0].getAttribute('transform')"""
 
 
-@pytest.fixture
-def page(site, browser):
-    v = Visit(browser, f"{site}/{PAGE}.html")
-    yield v
-    v.close()
-
-
-def _redrawn(v, chart, change) -> None:
-    before = chart.locator("svg").first.inner_html()
-    change()
-    v.page.wait_for_function("([id, old]) => document.querySelector('#' + id + ' svg').innerHTML !== old",
-                             arg=[chart.get_attribute("id"), before], timeout=10_000)
 
 
 def _rate_buttons(chart):
@@ -58,7 +46,7 @@ def test_picking_a_rate_shows_only_that_rates_points(page):
     assert set(everything) == set(chapter.RATE_COLORS[:len(rates)])
     assert [r for r, *_ in _readout(chart)] == [f"{r:.1f}" for r in rates]  # a line per rate
     for i, rate in enumerate(rates):
-        _redrawn(page, chart, lambda i=i: buttons.nth(i).check())
+        redrawn(page, chart, lambda i=i: buttons.nth(i).check())
         for group in ("first", "concat_2_layer_0"):  # TTFT and ITL panels
             fills = chart.evaluate(_FILLS_JS, group)
             assert set(fills) == {chapter.RATE_COLORS[i]}, (rate, group, set(fills))
@@ -68,11 +56,11 @@ def test_picking_a_rate_shows_only_that_rates_points(page):
 
 def test_sliders_move_the_green_point_only_up_and_down_below_capacity(page):
     chart = page.chart(0)
-    _redrawn(page, chart, lambda: _rate_buttons(chart).nth(2).check())  # the near load, 95 % of capacity
+    redrawn(page, chart, lambda: _rate_buttons(chart).nth(2).check())  # the near load, 95 % of capacity
     tokens = chart.locator(".vega-bindings input[type=range][name=tokens_i]")
     where = {}
     for position in (2, 8):  # 1,024 and 8,192 tokens, vLLM's budget
-        _redrawn(page, chart, lambda position=position: set_range(tokens, position))
+        redrawn(page, chart, lambda position=position: set_range(tokens, position))
         x, y = map(float, re.findall(r"-?[\d.]+", chart.evaluate(_CHOSEN_JS))[:2])
         where[position] = (x, y)
     (x1, y1), (x2, y2) = where[2], where[8]
@@ -81,9 +69,9 @@ def test_sliders_move_the_green_point_only_up_and_down_below_capacity(page):
 
 def test_readout_reads_a_queued_run_in_seconds(page):
     chart = page.chart(0)
-    _redrawn(page, chart, lambda: _rate_buttons(chart).nth(2).check())
+    redrawn(page, chart, lambda: _rate_buttons(chart).nth(2).check())
     seqs = chart.locator(".vega-bindings input[type=range][name=seqs_i]")
-    _redrawn(page, chart, lambda: set_range(seqs, 0))
+    redrawn(page, chart, lambda: set_range(seqs, 0))
     assert seqs.locator("xpath=following-sibling::*[1]").inner_text() == f"{chapter.MAX_NUM_SEQS[0]:,}"
     (rate, _, ttft, unit, _, itl_unit), = _readout(chart)
     df = chapter.conv_sweep()
