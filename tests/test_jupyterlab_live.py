@@ -22,7 +22,6 @@ pytestmark = pytest.mark.live
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = "notebooks/01_static_batching.ipynb"
-CHROMIUM = "/usr/bin/chromium"
 TOKEN = "batchlab-test"
 
 
@@ -58,15 +57,12 @@ def lab(tmp_path_factory):
     proc.wait(30)
 
 
-def test_notebook_runs_live_with_charts_and_controls(lab):
-    from playwright.sync_api import sync_playwright
-
+def test_notebook_runs_live_with_charts_and_controls(lab, browser):
+    # The session's Chromium (conftest ``browser``): a second ``sync_playwright()`` in the same process fails
+    # with "Sync API inside the asyncio loop" once a book test has started the first.
     outside = []
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                    args=["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                                          "--disable-component-update", "--no-first-run"])
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
 
         def guard(route):
             if urlparse(route.request.url).hostname not in ("127.0.0.1", None, ""):
@@ -105,6 +101,7 @@ def test_notebook_runs_live_with_charts_and_controls(lab):
             current = page.locator(".jp-OutputArea-output div[id^=batchlab-chart-]")
             after = current.nth(current.count() - 1).locator("svg").first.inner_html()
         page.screenshot(path=str(ROOT / "_build" / "jupyterlab_01.png") if (ROOT / "_build").is_dir() else None)
-        browser.close()
+    finally:
+        page.close()
     assert after != before, "moving the explore slider did not redraw the chart"
     assert not outside, f"JupyterLab page asked other hosts for: {outside[:5]}"
