@@ -9,8 +9,8 @@ capacity. :func:`kind_table` and :func:`stall_table` format the tables. Inside o
 cached tokens, decodes with their context), :func:`iteration_split` gives both sides of every roofline of one
 iteration and :func:`iteration_apart` what its parts would cost as iterations of their own; :func:`picker_frames`
 and :func:`iteration_chart` make the iteration picker.
-:func:`seats_for` and :func:`within_context` set runs up as vLLM requires: seats no more than the token budget,
-prompts shorter than the model's context.
+:func:`seats_for` and :func:`batchlab.chapters.scenes.within_context` set runs up as vLLM requires: seats no
+more than the token budget, prompts shorter than the model's context.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import pandas as pd
 
 from .. import viz
 from ..sim import seats_for, simulate, vllm_defaults  # noqa: F401 - seats_for: chapter 7 quotes it
-from ..workload import Requests, preset
+from ..workload import preset
 from . import facts, scenes
 
 STEP_KINDS = ("decode", "mixed", "prefill")
@@ -33,35 +33,6 @@ KIND_COLORS = {"decode": viz.PALETTE[0], "mixed": viz.PALETTE[2], "prefill": viz
 RUN_SHAPES = ("circle", "triangle-up", "square", "diamond")  # one per run of the utilisation chart, in order
 POLICY_DASHES = ([1, 0], [6, 3], [2, 2], [8, 2, 2, 2])  # solid, dashed, dotted: lines that coincide stay visible
 POLICY_SHAPES = ("circle", "square", "triangle-up", "diamond")
-
-
-def within_context(cost, requests):
-    """The requests that fit the model's context, each as vLLM serves it.
-
-    A prompt is kept if it is shorter than ``max_model_len`` (vLLM's default: the model's context), and its output
-    is clipped to the room the prompt leaves, as vLLM clips ``max_tokens``. vLLM rejects a longer prompt;
-    ``continuous`` (Orca, vLLM V0) knows no context limit and would serve it, so a comparison of the policies
-    gives all of them this stream and they do the same work. Used in chapters 7 and 12.
-
-    Parameters
-    ----------
-    cost : CostModel
-        Its model's ``max_position_embeddings`` (tokens) is the context.
-    requests : Requests
-        A stream without ``prefix_blocks``.
-
-    Returns
-    -------
-    Requests
-        The kept requests, in arrival order, with their arrival times.
-    """
-    if requests.prefix_blocks is not None:
-        raise ValueError("within_context takes a stream without prefix_blocks")
-    context = cost.model.max_position_embeddings
-    keep = requests.prompt_tokens < context
-    prompt = requests.prompt_tokens[keep]
-    return Requests(arrival_s=requests.arrival_s[keep], prompt_tokens=prompt,
-                    output_tokens=np.minimum(requests.output_tokens[keep], context - prompt))
 
 
 def step_kinds(steps: pd.DataFrame) -> np.ndarray:
@@ -153,9 +124,9 @@ def mixing_comparison(cost, workload: str, n_requests: int, rates_req_s, *, max_
 
     Every rate replays the same ``n_requests`` request lengths of :func:`batchlab.preset` (one ``seed``:
     lengths are drawn before arrivals), so runs differ only by their arrival rate and policy. Every policy gets
-    the requests that fit the model's context (:func:`within_context`): vLLM rejects the others and the
-    ``continuous`` policies, which know no context limit, would otherwise do more work. Used in chapters 7
-    and 12.
+    the requests that fit the model's context (:func:`batchlab.chapters.scenes.within_context`): vLLM rejects
+    the others and the ``continuous`` policies, which know no context limit, would otherwise do more work. Used
+    in chapters 7 and 12.
 
     Parameters
     ----------
@@ -180,7 +151,7 @@ def mixing_comparison(cost, workload: str, n_requests: int, rates_req_s, *, max_
     """
     rows = []
     for rate in rates_req_s:
-        stream = within_context(cost, preset(workload, n_requests, rate_req_s=float(rate), seed=seed))
+        stream = scenes.within_context(cost, preset(workload, n_requests, rate_req_s=float(rate), seed=seed))
         for label, (policy, knobs) in (policies or MIXING_POLICIES).items():
             if policy == "chunked":  # the policy's own knobs win
                 knobs = {"max_num_batched_tokens": max_num_batched_tokens,
@@ -243,7 +214,7 @@ def stall_comparison(cost, workload: str, n_requests: int, rates_req_s, *, seed=
     """
     rows = []
     for rate in rates_req_s:
-        stream = within_context(cost, preset(workload, n_requests, rate_req_s=float(rate), seed=seed))
+        stream = scenes.within_context(cost, preset(workload, n_requests, rate_req_s=float(rate), seed=seed))
         res = simulate(stream, "continuous", cost, prefill_only_steps=True)
         summary, stalls = res.summary(), prefill_stalls(res.steps)
         pool = res.knobs["num_kv_blocks"] - 1  # blocks; one is vLLM's null block

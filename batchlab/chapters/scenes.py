@@ -65,13 +65,45 @@ class Scene(NamedTuple):
 
         return CostModel(get_hardware(self.gpu), get_model(self.model), dtype=self.dtype)
 
-    def requests(self, rate_req_s: float | None = None) -> Requests:
-        """The scene's request stream (its preset, requests and seed) at ``rate_req_s`` (default: the trace's)."""
+    def requests(self, rate_req_s: float | None = None, *, fit_context: bool = False) -> Requests:
+        """The scene's request stream (its preset, requests and seed) at ``rate_req_s`` (default: the trace's);
+        with ``fit_context``, only the requests that fit the model's context, as vLLM serves them
+        (:func:`within_context`)."""
         from ..workload import preset
 
         if self.workload is None:
             raise ValueError(f"scene {self.name!r} has no request stream")
-        return preset(self.workload, self.n_requests, rate_req_s=rate_req_s, seed=self.seed)
+        stream = preset(self.workload, self.n_requests, rate_req_s=rate_req_s, seed=self.seed)
+        return within_context(self.cost(), stream) if fit_context else stream
+
+
+def within_context(cost, requests):
+    """The requests that fit the model's context, each as vLLM serves it.
+
+    A prompt is kept if it is shorter than ``max_model_len`` (vLLM's default: the model's context), and its output
+    is clipped to the room the prompt leaves, as vLLM clips ``max_tokens``. vLLM rejects a longer prompt;
+    ``continuous`` (Orca, vLLM V0) knows no context limit and would serve it, so a comparison of the policies
+    gives all of them this stream and they do the same work. Used by :meth:`Scene.requests` and chapters 2, 7 and 9.
+
+    Parameters
+    ----------
+    cost : CostModel
+        Its model's ``max_position_embeddings`` (tokens) is the context.
+    requests : Requests
+        A stream without ``prefix_blocks``.
+
+    Returns
+    -------
+    Requests
+        The kept requests, in arrival order, with their arrival times.
+    """
+    if requests.prefix_blocks is not None:
+        raise ValueError("within_context takes a stream without prefix_blocks")
+    context = cost.model.max_position_embeddings
+    keep = requests.prompt_tokens < context
+    prompt = requests.prompt_tokens[keep]
+    return Requests(arrival_s=requests.arrival_s[keep], prompt_tokens=prompt,
+                    output_tokens=np.minimum(requests.output_tokens[keep], context - prompt))
 
 
 def _scenes(*scenes: Scene) -> dict[str, Scene]:

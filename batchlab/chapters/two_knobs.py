@@ -544,6 +544,20 @@ def _prompt_mean():
     return float(scenes.scene("conv").requests().prompt_tokens.mean())
 
 
+@facts.fact("conv_over_context", scene="conv", unit="requests", fmt=",d", chapter="two_knobs",
+            text="the conversation scene's requests whose prompt does not fit Llama-3-8B's 8,192-token context: "
+                 "vLLM rejects them")
+def _over_context():
+    return int(scenes.scene("conv").n_requests - len(scenes.scene("conv").requests(fit_context=True).arrival_s))
+
+
+@facts.fact("conv_fit_prompt_mean", scene="conv", unit="tokens", fmt=",.0f", chapter="two_knobs",
+            text="the mean prompt of the conversation scene's requests that fit the context, the stream every "
+                 "policy gets where Orca's policies are compared with vLLM's")
+def _fit_prompt_mean():
+    return float(scenes.scene("conv").requests(fit_context=True).prompt_tokens.mean())
+
+
 @facts.fact("conv_output_mean", scene="conv", unit="tokens", fmt=",.0f", chapter="two_knobs",
             text="the mean output the conversation scene's requests ask for")
 def _output_mean():

@@ -13,6 +13,7 @@ from spec_helpers import marks, titles, walk
 import batchlab as bl
 from batchlab import viz
 from batchlab.chapters import piggybacking as chapter
+from batchlab.chapters import scenes
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +37,7 @@ def test_seats_for_caps_the_default_at_the_budget(cost8b):
 def test_within_context_keeps_what_vllm_serves(cost8b):
     reqs = bl.Requests(arrival_s=[0.0, 1.0, 2.0, 3.0], prompt_tokens=[100, 8191, 8192, 8000],
                        output_tokens=[50, 10, 10, 500])
-    kept = chapter.within_context(cost8b, reqs)  # llama-3-8b: 8,192 tokens of context
+    kept = scenes.within_context(cost8b, reqs)  # llama-3-8b: 8,192 tokens of context
     assert kept.arrival_s.tolist() == [0.0, 1.0, 3.0] and kept.prompt_tokens.tolist() == [100, 8191, 8000]
     assert kept.output_tokens.tolist() == [50, 1, 192]  # clipped to the room the prompt leaves
     res = bl.simulate(reqs, "chunked", cost8b)
@@ -188,7 +189,7 @@ def test_stall_comparison_explains_the_prefill_only_peak(cost8b):
     assert light["kv_used"] < 0.5 < 0.95 < heavy["kv_used"] <= 1.0  # overload fills the cache ...
     assert heavy["chained"] < 0.5 and 0 <= light["chained"] <= 1  # ... and admission waits for freed blocks
     assert heavy["request_throughput"] < 40.0 and heavy["p99_ttft_ms"] > 10 * light["p99_ttft_ms"]
-    stream = chapter.within_context(cost8b, bl.preset("azure-conv-2023", 1000, rate_req_s=4.0, seed=1))
+    stream = scenes.within_context(cost8b, bl.preset("azure-conv-2023", 1000, rate_req_s=4.0, seed=1))
     res = bl.simulate(stream, "continuous", cost8b, prefill_only_steps=True)
     assert light["p99_itl_ms"] == res.summary()["p99_itl_ms"]  # the same run as the mixing comparison's V0
     assert light["stalls"] == len(chapter.prefill_stalls(res.steps))

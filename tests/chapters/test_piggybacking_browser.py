@@ -29,7 +29,7 @@ SPLIT_KEYS = ("gemm_compute_s", "gemm_memory_s", "lm_head_compute_s", "lm_head_m
 def run():
     scene = scenes.scene("conv")
     cost = scene.cost()
-    stream = chapter.within_context(cost, scene.requests(facts.value(LOAD)))
+    stream = scene.requests(facts.value(LOAD), fit_context=True)
     res = bl.simulate(stream, "chunked", cost, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, record_schedule=True)
     return cost, res
 
