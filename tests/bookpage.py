@@ -115,3 +115,48 @@ def redrawn(visit: Visit, chart, act) -> None:
     act()
     visit.page.wait_for_function("([id, old]) => document.querySelector('#' + id + ' svg').innerHTML !== old",
                                  arg=[chart.get_attribute("id"), before], timeout=10_000)
+
+
+def png_rgb(png: bytes):
+    """A Playwright screenshot (8-bit RGB or RGBA PNG, not interlaced) as a height x width x 3 array, 0-255."""
+    import struct
+    import zlib
+
+    import numpy as np
+
+    assert png[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    pos, data, head = 8, b"", None
+    while pos < len(png):
+        size, kind = struct.unpack(">I4s", png[pos:pos + 8])
+        body = png[pos + 8:pos + 8 + size]
+        if kind == b"IHDR":
+            head = struct.unpack(">IIBBBBB", body)
+        elif kind == b"IDAT":
+            data += body
+        pos += 12 + size
+    width, height, depth, color, _, _, interlace = head
+    assert depth == 8 and color in (2, 6) and not interlace, f"unsupported PNG: {head}"
+    step = 3 if color == 2 else 4
+    raw = np.frombuffer(zlib.decompress(data), np.uint8).reshape(height, 1 + width * step)
+    out = np.zeros((height, width * step), np.int32)
+    for y in range(height):  # undo the PNG filter of each row (None, Sub, Up, Average, Paeth)
+        f, line = raw[y, 0], raw[y, 1:].astype(np.int32)
+        up = out[y - 1] if y else np.zeros_like(line)
+        if f in (0, 2):
+            out[y] = (line + (up if f == 2 else 0)) % 256
+            continue
+        row = np.zeros_like(line)
+        for x in range(len(line)):
+            left = row[x - step] if x >= step else 0
+            corner = up[x - step] if x >= step else 0
+            if f == 1:
+                pred = left
+            elif f == 3:
+                pred = (left + up[x]) // 2
+            else:
+                p = left + up[x] - corner
+                pa, pb, pc = abs(p - left), abs(p - up[x]), abs(p - corner)
+                pred = left if pa <= pb and pa <= pc else (up[x] if pb <= pc else corner)
+            row[x] = (line[x] + pred) % 256
+        out[y] = row
+    return out.reshape(height, width, step)[:, :, :3]

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from bookpage import CHART, HTML, MATH, ROOT, SCREENSHOTS, Visit
+from bookpage import CHART, HTML, MATH, ROOT, SCREENSHOTS, Visit, png_rgb
 
 pytestmark = pytest.mark.browser
 
@@ -472,3 +472,55 @@ def test_chapters_are_numbered_in_reading_order(site, browser):
         html = (HTML / f"{page}.html").read_text(encoding="utf-8")
         h1 = next(h for h in re.findall(r"<h1>(.*?)</h1>", html, re.S) if "headerlink" in h)  # the page's, not print's
         assert f'<span class="section-number">{int(Path(page).name[:2])}. </span>' in h1, (page, h1[:120])
+
+
+_WIDE_TABLES_JS = r"""() => [...document.querySelectorAll('article table')].filter(t => t.scrollWidth > t.parentElement
+    .clientWidth + 1 || t.classList.contains('batchlab-stacked')).map(t => {
+  const first = t.querySelector('tbody tr > :first-child'), box = t.getBoundingClientRect();
+  t.scrollLeft = t.scrollWidth;  // scrolled to its last column, the row's name must still be in view
+  const cell = first ? first.getBoundingClientRect() : null;
+  return {head: (t.querySelector('th') || {}).textContent, stacked: t.classList.contains('batchlab-stacked'),
+          nameShown: !cell || (cell.left >= box.left - 1 && cell.left < box.right)};
+})"""
+
+
+@pytest.mark.parametrize("visit", PAGES, indirect=True)
+def test_wide_tables_scroll_with_their_row_names_at_1280(visit):
+    """In a desktop column a table keeps its rows as rows (stacking is for phones); one too wide for the column
+    scrolls sideways with its first column, the row's name, kept in view."""
+    page, v = visit
+    wide = v.page.evaluate(_WIDE_TABLES_JS)
+    stacked = [t["head"] for t in wide if t["stacked"]]
+    assert not stacked, f"{page} at 1280 px: tables stacked one block per row: {stacked}"
+    lost = [t["head"] for t in wide if not t["nameShown"]]
+    assert not lost, f"{page} at 1280 px: scrolled to the right, these tables lose their first column: {lost}"
+
+
+RADIO_PAGES = [p for p, kinds in CONTROLS.items() if "radio" in kinds]
+
+
+@pytest.mark.parametrize("visit", RADIO_PAGES, indirect=True)
+def test_dark_mode_shows_which_radio_button_is_selected(visit):
+    """In dark mode a chart's checked radio button reads as checked: its centre is filled with the accent colour,
+    and an unchecked one is hollow, its centre the colour of what surrounds it. (Chromium's dark scheme drew the
+    unchecked one as a filled dark disc on the light card, the checked one as a pale ring: read the wrong way
+    round.)"""
+    page, v = visit
+    v.wait_all_drawn()
+    v.page.evaluate("() => document.documentElement.setAttribute('data-theme', 'dark')")
+    group = v.page.locator(".batchlab-chart .vega-bind-radio").first
+    checked = group.locator("input[type=radio]:checked").first
+    unchecked = group.locator("input[type=radio]:not(:checked)").first
+    checked.scroll_into_view_if_needed()
+    v.page.mouse.move(0, 0)  # no hover highlight on either
+
+    def centre(radio):  # mean colour of the button's middle 4 x 4 pixels, and of its corner (what surrounds it)
+        rgb = png_rgb(radio.screenshot()).astype(float)
+        h, w = rgb.shape[:2]
+        return rgb[h // 2 - 2:h // 2 + 2, w // 2 - 2:w // 2 + 2].reshape(-1, 3).mean(axis=0), rgb[0, 0]
+
+    on, _ = centre(checked)
+    off, around = centre(unchecked)
+    assert on.max() - on.min() > 60, f"{page}, dark mode: the checked radio's centre is not coloured: {on}"
+    assert abs(off.mean() - around.mean()) < 30, (
+        f"{page}, dark mode: the unchecked radio looks filled (centre {off.mean():.0f}, around {around.mean():.0f})")

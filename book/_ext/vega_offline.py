@@ -46,11 +46,14 @@ table code, table code span.pre { overflow-wrap: anywhere; white-space: normal; 
 .batchlab-chart .vega-bind.batchlab-disabled { opacity: 0.45; }
 /* myst-nb prints every glued number bold, so none stands out: a page bolds the one number a paragraph is about. */
 body span.pasted-text { font-weight: inherit; }
-html[data-theme="dark"] .batchlab-chart .vega-bindings { color-scheme: dark; }
-html[data-theme="dark"] .batchlab-chart .vega-bindings input { accent-color: #56B4E9; }
+/* In dark mode a chart keeps its white card, and its controls sit on the same card in the light scheme: Chromium's
+   dark radio buttons draw the checked one so close to the unchecked that the choice could not be read. */
+html[data-theme="dark"] .batchlab-chart .vega-bindings { color-scheme: light; background: #ffffff; color: #222222;
+  border-radius: 2px; padding: 0.3rem 0.5rem; }
+html[data-theme="dark"] .batchlab-chart .vega-bindings input { accent-color: #0072B2; }
 html[data-theme="dark"] .batchlab-chart svg.marks { background: #ffffff; border-radius: 2px; }
-/* A table wider than its column becomes one block per row, each cell under its header (batchlab-tables.js), so
-   every column stays readable on a phone instead of hiding behind a sideways scroll. */
+/* On a phone a table wider than its column becomes one block per row, each cell under its header
+   (batchlab-tables.js), so every column stays readable instead of hiding behind a sideways scroll. */
 table.batchlab-stacked, table.batchlab-stacked tbody, table.batchlab-stacked tr, table.batchlab-stacked td,
 table.batchlab-stacked th { display: block; width: auto !important; text-align: left !important; }
 table.batchlab-stacked { overflow-x: visible; }
@@ -59,10 +62,18 @@ table.batchlab-stacked tr { border-top: 1px solid #bbb; padding: 0.35rem 0; }
 table.batchlab-stacked td, table.batchlab-stacked tbody th { border: none; padding: 0.1rem 0; }
 table.batchlab-stacked td[data-label]::before, table.batchlab-stacked tbody th[data-label]::before {
   content: attr(data-label) ": "; font-weight: 600; }
+/* In a wider column a table too wide for it scrolls sideways; its first column stays put, so a row keeps its name. */
+table.batchlab-wide { display: block; max-width: 100%; overflow-x: auto; font-size: 0.9em; }
+table.batchlab-wide td, table.batchlab-wide th { padding: 0.25rem 0.6rem; }
+table.batchlab-wide .batchlab-short { white-space: nowrap; }
+table.batchlab-wide tr > :first-child { position: sticky; left: 0; z-index: 1;
+  background: var(--pst-color-background, #fff); }
 """
-# Mark every table wider than its column as stacked (and undo it when the column grows), labelling each cell with its
-# column's header: the CSS above then shows it as one block per row.
+# A table wider than its column: in a phone's column (under 600 px) it is marked stacked, each cell labelled with its
+# column's header, and the CSS above shows it as one block per row; in a wider column it scrolls sideways with its
+# first column (the row's name) kept in view. Redone when the window is resized.
 TABLES_JS = """(function () {
+  var NARROW_PX = 600;  // a column narrower than this is a phone's: stack; a wider one scrolls, first column kept
   function headers(table) {
     var rows = table.tHead ? table.tHead.rows : [];
     if (!rows.length) { return []; }
@@ -86,12 +97,20 @@ TABLES_JS = """(function () {
       }
     }
   }
+  function sizeCells(table) {  // a short body cell (a name, a number) stays on one line; a sentence wraps
+    var cells = table.querySelectorAll("td, tbody th");
+    for (var i = 0; i < cells.length; i++) {
+      cells[i].classList.toggle("batchlab-short", cells[i].textContent.trim().length <= 24);
+    }
+  }
   function fit() {
     var tables = document.querySelectorAll("article table");
     for (var i = 0; i < tables.length; i++) {
       var t = tables[i], box = t.parentElement;
-      t.classList.remove("batchlab-stacked");
-      if (t.scrollWidth > box.clientWidth + 1) { label(t); t.classList.add("batchlab-stacked"); }
+      t.classList.remove("batchlab-stacked", "batchlab-wide");
+      if (t.scrollWidth <= box.clientWidth + 1) { continue; }
+      if (box.clientWidth < NARROW_PX) { label(t); t.classList.add("batchlab-stacked"); }
+      else { t.classList.add("batchlab-wide"); sizeCells(t); }
     }
   }
   var timer = null;
