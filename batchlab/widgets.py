@@ -53,9 +53,11 @@ def explore(fn, **controls):
 
     Examples
     --------
-    >>> from batchlab.chapters import static_batching as chapter
-    >>> explore(lambda cv: chapter.padding_chart(*chapter.static_padding_sweep(cost, [cv])),
-    ...         cv=(0.0, 3.0, 0.1))  # doctest: +SKIP
+    The decode step time (ms) of 1 to 512 sequences at 1,024 tokens of context, under a slider:
+
+    >>> cost = bl.CostModel(bl.get_hardware("h100-sxm"), bl.get_model("llama-3-8b"))  # doctest: +SKIP
+    >>> explore(lambda batch: f"{cost.decode_step_time(batch, 1024) * 1e3:.2f} ms",
+    ...         batch=(1, 512, 1))  # doctest: +SKIP
     """
     viz.ensure_library()  # not through the Output widget: see viz.ensure_library
     defaults = {k: p.default for k, p in inspect.signature(fn).parameters.items() if p.default is not p.empty}
