@@ -1,5 +1,8 @@
 """Chapter 02, dynamic batching: static, dynamic and iteration-level batching on one real-trace workload.
 
+Every policy gets the same stream, the requests that fit the model's context
+(:func:`batchlab.chapters.scenes.within_context`), so their capacities compare equal work.
+
 :func:`policy_grid` runs the policies at a few arrival rates (and dynamic batching at each max queue delay);
 :func:`load_delay_grid` does it over the page's grid of loads, shares of the scene's capacity, and
 :func:`delay_load_chart` draws latency against the load and against the delay at the selected load.
@@ -84,11 +87,15 @@ def policy_grid(cost, workload: str, n_requests: int, rates_req_s, *, batch_size
                 iteration=("continuous", "chunked")) -> pd.DataFrame:
     """One real-trace workload under static, dynamic (each delay) and iteration-level batching, at each rate.
 
-    At every rate the stream is ``preset(workload, n_requests, rate_req_s, seed)``: the same lengths and the
-    same arrival pattern, compressed or stretched in time (common random numbers), so the rates differ only
-    by load. Iteration-level policies run with vLLM's default ``max_num_seqs`` and ``max_num_batched_tokens``
-    for the GPU (:func:`batchlab.vllm_defaults`); a rate of ``inf`` puts every request at time 0, which
-    measures a policy's saturation throughput as ``vllm bench throughput`` does. Used in chapters 02 and 12.
+    At every rate the stream is ``preset(workload, n_requests, rate_req_s, seed)`` cut to the requests that fit
+    the model's context (:func:`batchlab.chapters.scenes.within_context`, what ``Scene.requests(rate,
+    fit_context=True)`` gives): vLLM rejects a longer prompt, Orca's ``continuous`` would serve it and lockstep
+    batches would pad every row to it, so without the cut the policies would not do the same work. Each rate
+    has the same lengths and the same arrival pattern, compressed or stretched in time (common random numbers),
+    so the rates differ only by load. Iteration-level policies run with vLLM's default ``max_num_seqs`` and
+    ``max_num_batched_tokens`` for the GPU (:func:`batchlab.vllm_defaults`); a rate of ``inf`` puts every request
+    at time 0, which measures a policy's saturation throughput as ``vllm bench throughput`` does. Used in
+    chapters 02 and 12.
 
     Parameters
     ----------
@@ -96,7 +103,7 @@ def policy_grid(cost, workload: str, n_requests: int, rates_req_s, *, batch_size
     workload : str
         A :func:`batchlab.preset` name, e.g. ``"azure-conv-2023"``.
     n_requests : int
-        Requests per stream.
+        Requests drawn per stream, before the cut to the context.
     rates_req_s : sequence of float, or mapping of label -> float
         Mean arrival rates (requests/s; ``inf`` allowed). A mapping also fills a ``load`` column.
     batch_size : int
@@ -111,7 +118,8 @@ def policy_grid(cost, workload: str, n_requests: int, rates_req_s, *, batch_size
     -------
     DataFrame
         One row per (rate, policy, delay): ``load`` (with a mapping), ``rate_req_s``, ``policy``,
-        ``max_queue_delay_s`` (NaN except dynamic), :data:`LATENCY_COLUMNS` (ms), ``request_throughput``
+        ``max_queue_delay_s`` (NaN except dynamic), :data:`LATENCY_COLUMNS` (ms), ``completed`` and
+        ``rejected`` (requests), ``request_throughput``
         (req/s), ``output_throughput`` (tok/s), ``gpu_busy_fraction``, ``padding_fraction``,
         :func:`~batchlab.metrics.idle_while_waiting_fraction` (from each client's send),
         :func:`idle_while_queued_fraction` (from the engine's sight of each request) and
@@ -121,10 +129,11 @@ def policy_grid(cost, workload: str, n_requests: int, rates_req_s, *, batch_size
     runs = ([("static", float("nan"), {"batch_size": batch_size})]
             + [("dynamic", float(d), {"batch_size": batch_size, "max_queue_delay_s": float(d)}) for d in delays_s]
             + [(p, float("nan"), vllm_defaults(cost.hardware)) for p in iteration])
-    columns = LATENCY_COLUMNS + ("request_throughput", "output_throughput", "gpu_busy_fraction", "padding_fraction")
+    columns = LATENCY_COLUMNS + ("completed", "rejected", "request_throughput", "output_throughput",
+                                 "gpu_busy_fraction", "padding_fraction")
     rows = []
     for label, rate in labelled:
-        stream = preset(workload, n_requests, rate_req_s=float(rate), seed=seed)
+        stream = scenes.within_context(cost, preset(workload, n_requests, rate_req_s=float(rate), seed=seed))
         for policy, delay, knobs in runs:
             res = simulate(stream, policy, cost, **knobs)
             summ = res.summary()
@@ -226,33 +235,23 @@ def load_labels(long: pd.DataFrame) -> list[str]:
             for r, share in zip(at["rate_req_s"], at["load"])]
 
 
-def _coincide(values: dict, close) -> list[tuple[str, float]]:
-    """Direct labels for lines ending at ``values`` (policy -> y): policies ``close`` to each other share one
-    label ("static ≈ dynamic"), placed at the highest of them."""
-    groups: list[list[str]] = []
-    for policy in sorted(values, key=values.get):
-        if groups and close(values[groups[-1][-1]], values[policy]):
-            groups[-1].append(policy)
-        else:
-            groups.append([policy])
-    return [(" ≈ ".join(sorted(g, key=list(POLICY_COLORS).index)), max(values[p] for p in g)) for g in groups]
-
-
 def delay_panel_marks(long: pd.DataFrame) -> pd.DataFrame:
-    """The delay panel's reference lines and direct labels, per load and metric: where the non-dynamic policies
-    sit against dynamic batching's curve. Static latency more than 1.5 times everything else is not drawn (it
-    would flatten the curve the panel is about); a label at the top says it is above the axis.
+    """The delay panel's reference lines, per load and metric: where the non-dynamic policies sit against dynamic
+    batching's curve. Static latency more than 1.5 times everything else is not drawn (it would flatten the curve
+    the panel is about); an "above" row says so, and the readout reads it (:func:`delay_load_chart`).
+
+    The lines carry no text labels: a label inside the panel would sit on dynamic batching's curve in some state
+    of the controls (the curve moves with the load and the metric); the legend and the readout name them.
 
     Used in chapter 02 (:func:`delay_load_chart`).
 
     Returns
     -------
     DataFrame
-        ``load_index``, ``metric``, ``kind`` ("rule": a reference line at ``latency_s``; "label": text at
-        ``latency_s``, the right end of the axis; "above": the static note at the top), ``policy`` and ``text``.
+        ``load_index``, ``metric``, ``kind`` ("rule": a reference line at ``latency_s``; "above": static is above
+        the axis, ``latency_s`` its value), ``policy``.
     """
     rows = []
-    xmax = float(long["max_queue_delay_ms"].max())
     for (i, metric), g in long.groupby(["load_index", "metric"]):
         dyn = g[g["policy"] == "dynamic"].sort_values("max_queue_delay_ms")
         ref = g[g["policy"] != "dynamic"].set_index("policy")["latency_s"]
@@ -262,15 +261,10 @@ def delay_panel_marks(long: pd.DataFrame) -> pd.DataFrame:
         if static_on:
             shown = ref
         elif "static" in ref:
-            rows.append({"load_index": i, "metric": metric, "kind": "above", "policy": "static", "latency_s": top,
-                         "text": "static: above the axis ↑"})
-        rows += [{"load_index": i, "metric": metric, "kind": "rule", "policy": p, "latency_s": float(v), "text": p}
+            rows.append({"load_index": i, "metric": metric, "kind": "above", "policy": "static",
+                         "latency_s": float(ref["static"])})
+        rows += [{"load_index": i, "metric": metric, "kind": "rule", "policy": p, "latency_s": float(v)}
                  for p, v in shown.items()]
-        ends = {**shown.to_dict(), "dynamic": float(dyn["latency_s"].iloc[-1])}
-        for text, y in _coincide(ends, lambda a, b, top=top: abs(a - b) < 0.08 * top):
-            if text != "dynamic":
-                rows.append({"load_index": i, "metric": metric, "kind": "label", "policy": text.split(" ≈ ")[0],
-                             "latency_s": y, "text": text, "max_queue_delay_ms": xmax})
     return pd.DataFrame(rows)
 
 
@@ -281,7 +275,8 @@ def _readout(long: pd.DataFrame, load, delay, metric):
     where = ("'at ' + format(datum.rate_req_s, datum.rate_req_s < 1 ? '.2f' : '.1f') + ' req/s, '"
              " + format(100 * datum.load, '~g') + ' % of capacity'")
     timer = f"'max queue delay ' + format({delay.name}, ',.0f') + ' ms'"
-    line = "datum.policy + ': ' + (" + viz.duration_text("latency_s", "s") + ")"
+    line = ("datum.policy + ': ' + (" + latency_text("latency_s") + ") + (datum.off_axis ? "
+            f"'{OFF_AXIS}' : '')")
     base = alt.Chart(long).transform_filter(picked)
     first = base.transform_filter("datum.policy == 'dynamic'")
     header = [first.transform_calculate(text=text).mark_text(align="left", baseline="top", fontWeight=weight)
@@ -312,12 +307,19 @@ def delay_load_chart(runs: pd.DataFrame, rules: pd.DataFrame, delay_ms: float = 
 
     Returns
     -------
-    altair chart: a readout (the selected metric, load and delay, and each policy's value there) above the
-    two panels. The load panel has log axes, a rule at the selected load and a ring on each policy there; the
-    delay panel a linear axis from zero on which dynamic batching's curve is drawn against the other policies'
-    lines (static's only where it fits, :func:`delay_panel_marks`). Every point answers a hover.
+    altair chart: a readout (the selected metric, load and delay, and each policy's value there, with a note
+    where static batching is above the delay panel's axis) above the two panels. The load panel has log axes, a
+    rule at the selected load and a ring on each policy there; the delay panel a linear axis from zero on which
+    dynamic batching's curve is drawn against the other policies' lines (static's only where it fits,
+    :func:`delay_panel_marks`). The legend names the lines; no text sits among them. Both y axes keep one width
+    (:data:`Y_EXTENT`), so every state of the controls fits the width the chart was drawn at. Every point and
+    line answers a hover, each value with its unit.
     """
     long = latency_frame(runs)
+    marks = delay_panel_marks(long)
+    above = marks.loc[marks["kind"] == "above", ["load_index", "metric"]].assign(off_axis=True)
+    long = long.merge(above.assign(policy="static"), how="left", on=["load_index", "metric", "policy"])
+    long["off_axis"] = long["off_axis"].eq(True)
     loads = np.unique(long["load"].astype(float))
     load_p, at_load = viz.grid_param("load_index", long["load_index"], "offered load", labels=load_labels(long),
                                      value=float(np.abs(loads - load).argmin()))
@@ -330,16 +332,15 @@ def delay_load_chart(runs: pd.DataFrame, rules: pd.DataFrame, delay_ms: float = 
     on_metric = f"datum.metric == {metric.name}"
     shown = f"{on_metric} && (datum.policy != 'dynamic' || {at_delay})"
     tips = [viz.tip("policy", "policy", kind="N"), viz.tip("rate_req_s", "offered load (req/s)", ",.2f"),
-            viz.tip("load", "share of capacity (%)", ".1%"), viz.tip("max_queue_delay_ms", "max queue delay (ms)",
-                                                                     ",.0f"),
-            viz.tip("latency_text", "latency (ms or s)", kind="N")]
+            viz.tip("load", "share of capacity (%)", ".1%"), viz.tip("timer_text", "max queue delay", kind="N"),
+            viz.tip("latency_text", "latency", kind="N")]
     base = alt.Chart(long).transform_filter(shown).transform_calculate(
-        latency_text=viz.duration_text("latency_s", "s"))
+        latency_text=latency_text("latency_s"), timer_text=TIMER_TEXT)
     x = alt.X("rate_req_s:Q", title="offered load (req/s)", scale=alt.Scale(type="log", nice=False, domain=[
         0.8 * float(long["rate_req_s"].min()), 1.25 * max(float(long["rate_req_s"].max()), rules["rate_req_s"].max())]),
-        axis=alt.Axis(values=viz.log_ticks(long["rate_req_s"]), format="~g"))
+        axis=alt.Axis(values=_ticks125(long["rate_req_s"]), format="~g"))
     y = alt.Y("latency_s:Q", title="latency (s)", scale=alt.Scale(type="log", nice=False, padding=6),
-              axis=alt.Axis(labelExpr=viz.LOG125_LABEL))
+              axis=alt.Axis(labelExpr=viz.LOG125_LABEL, **Y_EXTENT))
     load_panel = alt.layer(
         base.mark_line(strokeWidth=1.8).encode(x=x, y=y, color=scales["color"], strokeDash=scales["strokeDash"]),
         base.mark_point(size=40, filled=True).encode(x=x, y=y, color=scales["color"], shape=scales["shape"],
@@ -350,57 +351,65 @@ def delay_load_chart(runs: pd.DataFrame, rules: pd.DataFrame, delay_ms: float = 
         alt.Chart(rules).mark_rule(color="#888888", strokeDash=[2, 2]).encode(x="rate_req_s:Q"),
         alt.Chart(rules).mark_text(align="right", baseline="bottom", dx=2, dy=-3, color="#555555", y=0)
         .encode(x="rate_req_s:Q", text="label:N"),  # above the plot, each ending at its rule
-        _load_end_labels(long, on_metric, x, y)).properties(width=270, height=260)
+    ).properties(width=270, height=260)
     return alt.vconcat(_readout(long, load_p, delay_p, metric), alt.hconcat(
-        load_panel, _delay_panel(long, on_metric, at_load, at_delay, scales, tips))).add_params(
+        load_panel, _delay_panel(long, marks, on_metric, at_load, at_delay, scales, tips))).add_params(
         load_p, delay_p, metric).properties(usermeta={"narrow": {"margin": 70}})
 
 
-LABEL_LIFT = 10 ** 0.2  # the load panel's direct labels sit this factor above their point (log axis): inside the plot
+# The y axes keep one width whatever the controls select ("5" to "2,000"), so the chart never outgrows the width
+# it was first drawn at (Vega sizes the svg once): every state of the controls fits the column.
+Y_EXTENT = {"minExtent": 40, "maxExtent": 40}
+HEADROOM_PX = 10  # above the delay panel: a ring (size 190) reaches 7.8 px past the point it marks
+# The readout's note on static batching where the delay panel leaves it out (delay_panel_marks).
+OFF_AXIS = ", above the axis of the delay panel"
+# The tooltips' max queue delay: dynamic batching's timer, words where a policy has none.
+TIMER_TEXT = ("datum.policy == 'dynamic' ? format(datum.max_queue_delay_ms, ',.0f') + ' ms' : "
+              "datum.policy == 'static' ? 'no timer: waits for a full batch' : 'no timer: iteration-level'")
 
 
-def _load_end_labels(long: pd.DataFrame, on_metric: str, x, y):
-    """Direct labels of the load panel: at the highest load, one per group of policies that end together
-    ("static ≈ dynamic"), and static's own at the lowest load, where it is alone at the top."""
-    last = long[long["load_index"] == long["load_index"].max()]
-    last = last[(last["policy"] != "dynamic") | np.isclose(last["max_queue_delay_ms"], TIMER_MS)]
-    rows = []
-    for metric, g in last.groupby("metric"):
-        ends = g.set_index("policy")["latency_s"].to_dict()
-        rows += [{"metric": metric, "text": t, "latency_s": v * LABEL_LIFT, "policy": t.split(" ≈ ")[0],
-                  "rate_req_s": float(g["rate_req_s"].iloc[0]), "align": "right"}
-                 for t, v in _coincide(ends, lambda a, b: abs(np.log10(a / b)) < 0.25)]
-    first = long[(long["load_index"] == 0) & (long["policy"] == "static")]
-    rows += [{"metric": r.metric, "text": "static", "latency_s": r.latency_s * LABEL_LIFT, "policy": "static",
-              "rate_req_s": r.rate_req_s, "align": "left"} for r in first.itertuples()]
-    labels = alt.Chart(pd.DataFrame(rows)).transform_filter(on_metric)
-    color = _policy_scales(POLICY_COLORS)["color"]
-    return alt.layer(*[labels.transform_filter(f"datum.align == '{a}'").mark_text(align=a, baseline="middle")
-                       .encode(x=x, y=y, text="text:N", color=color) for a in ("left", "right")])
+def latency_text(field: str) -> str:
+    """A Vega expression reading a latency field in seconds as a reader writes it, three significant digits:
+    milliseconds below one second, seconds from there ("36.4 ms", "356 ms", "1.87 s", "88.4 s", "1,107 s").
+
+    :func:`batchlab.viz.duration_text` keeps milliseconds up to ten seconds ("8,046 ms"); chapters 2 and 3 read
+    latencies from tens of milliseconds to twenty minutes. Used in chapters 2 and 3.
+    """
+    v = f"datum['{field}']"
+    return (f"!isValid({v}) ? '–' : {v} < 0.9995 ? format({v} * 1000, '.3r') + ' ms' : "
+            f"{v} < 999.5 ? format({v}, '.3r') + ' s' : format({v}, ',.0f') + ' s'")
 
 
-def _delay_panel(long: pd.DataFrame, on_metric: str, at_load: str, at_delay: str, scales: dict, tips: list):
-    """Latency against the max queue delay at the selected load, on a linear axis from zero."""
-    marks = delay_panel_marks(long)
+def _ticks125(values) -> list[float]:
+    """:func:`batchlab.viz.log_ticks` at 1, 2 and 5 times a power of ten only: 0.2 and 0.3 would touch."""
+    return [t for t in viz.log_ticks(values) if f"{t:.0e}"[0] in "125"]
+
+
+def _delay_panel(long: pd.DataFrame, marks: pd.DataFrame, on_metric: str, at_load: str, at_delay: str,
+                 scales: dict, tips: list):
+    """Latency against the max queue delay at the selected load, on a linear axis from zero; ``marks`` are
+    :func:`delay_panel_marks`."""
     x = alt.X("max_queue_delay_ms:Q", title="max queue delay (ms)", axis=alt.Axis(format=",.0f", tickCount=5),
               scale=alt.Scale(domain=[0, float(long["max_queue_delay_ms"].max())]))
-    y = alt.Y("latency_s:Q", title="latency (s)", scale=alt.Scale(zero=True), axis=alt.Axis(format=",~f"))
+    y = alt.Y("latency_s:Q", title="latency (s)", scale=alt.Scale(zero=True),
+              axis=alt.Axis(format=",~f", labelFlush=True, **Y_EXTENT))
     dyn = alt.Chart(long).transform_filter(f"{on_metric} && {at_load} && datum.policy == 'dynamic'")
-    dyn = dyn.transform_calculate(latency_text=viz.duration_text("latency_s", "s"))
-    here = alt.Chart(marks).transform_filter(f"{on_metric} && {at_load}")
+    dyn = dyn.transform_calculate(latency_text=latency_text("latency_s"), timer_text=TIMER_TEXT)
+    here = alt.Chart(marks).transform_filter(f"{on_metric} && {at_load}").transform_calculate(
+        latency_text=latency_text("latency_s"))
     color = scales["color"]
     return alt.layer(
         here.transform_filter("datum.kind == 'rule'").mark_rule(strokeWidth=1.8).encode(
             y=y, color=color, strokeDash=scales["strokeDash"],
-            tooltip=[viz.tip("policy", "policy", kind="N"), viz.tip("latency_s", "latency (s)", ",.3~f")]),
+            tooltip=[viz.tip("policy", "policy", kind="N"), viz.tip("latency_text", "latency", kind="N")]),
         dyn.mark_line(strokeWidth=1.8).encode(x=x, y=y, color=color),
         dyn.mark_point(size=40, filled=True).encode(x=x, y=y, color=color, shape=scales["shape"],
                                                    tooltip=tips),
         dyn.transform_filter(at_delay).mark_point(size=190, filled=False, color="black").encode(x=x, y=y),
-        here.transform_filter("datum.kind == 'label'").mark_text(align="right", baseline="bottom", dy=-3).encode(
-            x=x, y=y, text="text:N", color=color),
-        here.transform_filter("datum.kind == 'above'").mark_text(align="left", baseline="top", dx=4).encode(
-            x=alt.value(0), y=y, text="text:N", color=color),
+        # Room above the plot, drawn or not, for a ring at its top: stacked under the load panel (a narrow
+        # column), the panel would otherwise grow by a ring's height in some states and push the legend out of
+        # the svg, which Vega sized once.
+        alt.Chart(pd.DataFrame({"y": [0]})).mark_rule(opacity=0).encode(y=alt.value(-HEADROOM_PX)),
     ).properties(width=230, height=260)
 
 
@@ -419,8 +428,8 @@ def _grid(cost, workload: str, n_requests: int, rates: tuple, delays_s: tuple, b
 
 
 def conv_saturation() -> pd.DataFrame:
-    """:func:`policy_grid` on the conv scene with every request queued at time 0 (cached): each policy's
-    saturation throughput. Used in chapters 02 and 12."""
+    """:func:`policy_grid` on the conv scene with every request that fits the context queued at time 0 (cached):
+    each policy's saturation throughput. Used in chapters 02 and 12."""
     s = scenes.scene("conv")
     return _saturation(s.cost(), s.workload, s.n_requests, LOCKSTEP_BATCH, s.seed)
 
@@ -497,7 +506,8 @@ _CONV = "on the conversation scene"
 
 @facts.fact("lockstep_capacity_req_s", scene="conv", unit="req/s", fmt=".2f", chapter="dynamic_batching",
             text=f"the saturation throughput of static batching in batches of {LOCKSTEP_BATCH} rows {_CONV}: "
-                 "requests per second it completes with every request queued at once (dynamic batching's too)")
+                 "requests per second it completes with every request that fits the context queued at once "
+                 "(dynamic batching's too)")
 def _lockstep():
     return float(conv_saturation().set_index("policy").loc["static", "request_throughput"])
 
@@ -538,7 +548,7 @@ def _low(policy: str) -> float:
     return pick(conv_grid(), LOW_LOAD, policy) / 1e3
 
 
-@facts.fact("low_e2el_static_s", scene="conv", unit="s", fmt=".0f", chapter="dynamic_batching",
+@facts.fact("low_e2el_static_s", scene="conv", unit="s", fmt=".1f", chapter="dynamic_batching",
             text=f"mean end-to-end latency of static batching ({LOCKSTEP_BATCH} rows) at the low load")
 def _low_static():
     return _low("static")

@@ -11,7 +11,7 @@ from spec_helpers import marks, titles, walk
 import batchlab as bl
 from batchlab.cost import SERVING_FIELDS
 from batchlab.chapters import dynamic_batching as chapter
-from batchlab.chapters import facts
+from batchlab.chapters import facts, scenes
 
 
 def test_ttft_grows_by_exactly_the_delay_when_every_request_is_alone(cost8b):
@@ -46,9 +46,43 @@ def test_policy_grid_shape_and_reference_cases(cost8b):
     assert plain["mean_e2el_ms"].iloc[0] == grid["mean_e2el_ms"].iloc[0]  # same stream, same run
 
 
+def test_every_policy_gets_the_requests_that_fit_the_context(cost8b):
+    # The conv scene's 3,000 requests hold 19 prompts longer than Llama-3-8B's 8,192 tokens: vLLM rejects them,
+    # Orca's policy and lockstep batches would serve them (lockstep padding whole batches to 13k tokens). Every
+    # policy of the grid gets the stream without them, as Scene.requests(fit_context=True) gives it, so all four
+    # complete the same requests and none is rejected.
+    conv = scenes.scene("conv")
+    sat = chapter.policy_grid(cost8b, conv.workload, conv.n_requests, [np.inf], seed=conv.seed).set_index("policy")
+    fit = conv.requests(np.inf, fit_context=True)
+    assert (sat["completed"] == len(fit.arrival_s)).all() and (sat["rejected"] == 0).all()
+    assert conv.n_requests - len(fit.arrival_s) == facts.value("conv_over_context") > 0
+    static = bl.simulate(fit, "static", cost8b, batch_size=32).summary()
+    assert sat.loc["static", "request_throughput"] == static["request_throughput"]
+    assert sat.equals(chapter.conv_saturation().set_index("policy"))  # the page's facts come from this stream
+    # vLLM's capacity (chapter 8's fact) is measured on all 3,000 requests: it rejects the 19 and does the same
+    # work, so the two streams give it to the last digit.
+    assert sat.loc["chunked", "request_throughput"] == facts.value("capacity_req_s")
+
+
+def test_latency_text_reads_ms_below_a_second_then_seconds():
+    """The expression, drawn by Vega itself (vl-convert, offline): three significant digits and one unit each."""
+    import altair as alt
+    import vl_convert
+
+    df = pd.DataFrame({"i": range(7), "s": [0.0044805, 0.0364, 0.35649, 0.99949, 1.8627, 88.381, 1106.888]})
+    chart = alt.Chart(df).transform_calculate(shown=chapter.latency_text("s")).mark_text().encode(
+        y="i:O", text="shown:N")
+    svg = vl_convert.vegalite_to_svg(chart.to_dict())
+    for text in ("4.48 ms", "36.4 ms", "356 ms", "999 ms", "1.86 s", "88.4 s", "1,107 s"):
+        assert f">{text}<" in svg, text
+
+
 def test_dynamic_with_an_endless_timer_is_static(cost8b):
-    # With 64 = 8 x 8 requests every batch fills before a 1e6 s timer fires: the two policies are one.
-    grid = chapter.policy_grid(cost8b, "azure-conv-2023", 64, [1.0], batch_size=8, delays_s=[1e6], iteration=())
+    # With 64 = 8 x 8 requests every batch fills before a 1e6 s timer fires: the two policies are one. (Seed 1:
+    # all 64 fit the context; seed 0's first 64 hold an 11,286-token prompt, which the grid leaves out.)
+    assert len(scenes.within_context(cost8b, bl.preset("azure-conv-2023", 64, seed=1)).arrival_s) == 64
+    grid = chapter.policy_grid(cost8b, "azure-conv-2023", 64, [1.0], batch_size=8, delays_s=[1e6], iteration=(),
+                               seed=1)
     static, dynamic = grid.iloc[0], grid.iloc[1]
     for col in (*chapter.LATENCY_COLUMNS, "request_throughput", "padding_fraction"):
         assert dynamic[col] == static[col], col
@@ -137,13 +171,6 @@ def test_latency_frame_is_one_row_per_run_and_metric(loads):
                                          "6.0 req/s, 100 % of capacity"]
 
 
-def test_coincide_names_the_lines_that_end_together():
-    close = lambda a, b: abs(a - b) < 1  # noqa: E731
-    assert chapter._coincide({"static": 10, "dynamic": 10.5, "continuous": 2, "chunked": 2.2}, close) == [
-        ("continuous ≈ chunked", 2.2), ("static ≈ dynamic", 10.5)]
-    assert chapter._coincide({"static": 9, "dynamic": 5}, close) == [("dynamic", 5), ("static", 9)]
-
-
 def _long(static: float, continuous: float, chunked: float, dynamic=(1.0, 2.0)) -> pd.DataFrame:
     rows = [{"load_index": 0, "metric": "m", "policy": "dynamic", "max_queue_delay_ms": 100.0 * i, "latency_s": v}
             for i, v in enumerate(dynamic)]
@@ -153,17 +180,26 @@ def _long(static: float, continuous: float, chunked: float, dynamic=(1.0, 2.0)) 
 
 
 def test_delay_panel_marks_keep_static_off_a_scale_it_would_flatten():
-    # top = 1.12 x 2 s: static at 100 s is above the axis, named by a note; the iteration-level pair coincides.
+    # top = 1.12 x 2 s: static at 100 s is not drawn, an "above" row says so; the iteration-level lines are.
     marks_ = chapter.delay_panel_marks(_long(100.0, 0.50, 0.52)).set_index("kind")
     assert set(marks_.loc["rule", "policy"]) == {"continuous", "chunked"}
-    assert marks_.loc["above", "text"] == "static: above the axis ↑"
-    assert marks_.loc["above", "latency_s"] == pytest.approx(1.12 * 2.0)
-    assert marks_.loc["label", "text"] == "continuous ≈ chunked" and marks_.loc["label", "latency_s"] == 0.52
-    # Static within 1.5 times the rest is drawn, and where it ends with dynamic one label names both.
+    assert marks_.loc["above", "policy"] == "static" and marks_.loc["above", "latency_s"] == 100.0
+    # Static within 1.5 times the rest is drawn.
     near = chapter.delay_panel_marks(_long(2.05, 0.5, 1.5))
     assert set(near.loc[near["kind"] == "rule", "policy"]) == {"static", "continuous", "chunked"}
-    assert "above" not in set(near["kind"])
-    assert sorted(near.loc[near["kind"] == "label", "text"]) == ["chunked", "continuous", "static ≈ dynamic"]
+    assert set(near["kind"]) == {"rule"}  # no text among the lines: the legend and the readout name them
+
+
+def test_the_readout_says_where_static_is_above_the_delay_panel(loads):
+    rules = pd.DataFrame({"rate_req_s": [1.5, 6.0], "label": ["lockstep saturation", "capacity"]})
+    spec = chapter.delay_load_chart(loads, rules).to_dict()
+    readout = spec["vconcat"][0]["layer"][-1]
+    assert any(chapter.OFF_AXIS in t.get("calculate", "") for t in readout["transform"])
+    data = pd.DataFrame(spec["datasets"][spec["vconcat"][0]["data"]["name"]])
+    above = chapter.delay_panel_marks(chapter.latency_frame(loads)).query("kind == 'above'")
+    flagged = data[data["off_axis"]]
+    assert len(above) and (flagged["policy"] == "static").all()
+    assert set(zip(flagged["load_index"], flagged["metric"])) == set(zip(above["load_index"], above["metric"]))
 
 
 def test_delay_load_chart(loads):
@@ -194,6 +230,17 @@ def test_delay_load_chart(loads):
     tips = [t for layer in (*load_panel["layer"], *delay_panel["layer"]) for t in
             layer.get("encoding", {}).get("tooltip", [])]
     assert tips and all(t.get("title") and "_" not in t["title"] for t in tips)
+    assert not any("ms or s" in t["title"] for t in tips)  # one unit per field: the value carries it
+    # The max queue delay is dynamic batching's alone: the other policies' tooltips say so in words, not "null".
+    timer = [t for t in tips if t["title"] == "max queue delay"]
+    assert timer and all(t["field"] == "timer_text" for t in timer)
+    assert {"calculate": chapter.TIMER_TEXT, "as": "timer_text"} in load_panel["layer"][1]["transform"]
+    # The load panel's lines are named by the legend (no text among its lines); its y axes never change width.
+    texts = [layer for layer in load_panel["layer"] if layer.get("mark", {}).get("type") == "text"]
+    assert len(texts) == 1 and texts[0]["mark"]["y"] == 0  # the rules' names, above the plot
+    for panel in (load_panel, delay_panel):
+        axis = panel["layer"][1]["encoding"]["y"]["axis"]
+        assert axis["minExtent"] == axis["maxExtent"] == chapter.Y_EXTENT["maxExtent"]
     assert marks(spec) >= {"line", "point", "rule", "text"}
     assert all(t == t.lower() for t in titles(spec))
 
