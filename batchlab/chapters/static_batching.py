@@ -171,15 +171,19 @@ def padding_chart(summary: pd.DataFrame, batches: pd.DataFrame | None = None, cv
     tips += [viz.tip(c, fmt=",.0f") for c in ("max_output_tokens", "output_throughput") if c in long]
     points = base.mark_point(size=22, filled=True, opacity=0.8).encode(tooltip=tips)
     marker = base.mark_point(size=150, strokeWidth=2).encode(tooltip=tips).transform_filter(at_cv)
-    # The readout sits in the empty top-left corner, one line per measure: labels beside the markers would
-    # collide where the two curves run close (small CVs).
+    # The readout sits in the bottom-right corner, one line per measure, right-aligned: both curves and the
+    # markers stay above 40 % wherever they reach past CV 0.6, and the readout spans CV 0.7 to 2 and 0 to 15 %.
+    # (Labels beside the markers would collide where the curves run close; the top-left corner touches the
+    # upper curve near CV 1.3.)
     readout = []
+    width, height = 270, 240
     for i, m in enumerate(MEASURES.values()):
         line = alt.Chart(long).transform_filter(at_cv).transform_filter(f"datum.measure == '{m}'")
         readout.append(line.transform_calculate(readout="datum.measure + ': ' + format(datum.share, '.0%')")
-                       .mark_text(align="left", baseline="top", fontWeight="bold")
-                       .encode(x=alt.value(6), y=alt.value(4 + 16 * i), text="readout:N", color=color))
-    curves = alt.layer(base.mark_line(), points, marker, *readout).properties(width=270, height=240)
+                       .mark_text(align="right", baseline="bottom", fontWeight="bold")
+                       .encode(x=alt.value(width - 6), y=alt.value(height - 22 + 16 * i), text="readout:N",
+                               color=color))
+    curves = alt.layer(base.mark_line(), points, marker, *readout).properties(width=width, height=height)
     if batches is None:
         return curves.add_params(param)
     longest = float(batches.groupby([cv, "row"])["tokens"].sum().max())  # one x scale for every CV
@@ -203,8 +207,8 @@ def _sweep(cost, output_cvs: tuple, stream: tuple):
 
 def chapter_sweep():
     """:func:`static_padding_sweep` of the page: :data:`PADDING_STREAM` over :data:`CV_GRID`, Llama-3-8B BF16 on
-    one H100 SXM (scene ``llama8``), cached. Returns ``(summary, batches)``. Used in chapters 01 and 12."""
-    return _sweep(scenes.scene("llama8").cost(), CV_GRID, tuple(sorted(PADDING_STREAM.items())))
+    one H100 SXM (scene ``padding``), cached. Returns ``(summary, batches)``. Used in chapters 01 and 12."""
+    return _sweep(scenes.scene("padding").cost(), CV_GRID, tuple(sorted(PADDING_STREAM.items())))
 
 
 def _at(measure: str, output_cv: float = CV_SHOWN) -> float:

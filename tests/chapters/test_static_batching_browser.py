@@ -1,5 +1,6 @@
 """Chapter 1's chart in a real browser: the slider starts at output CV 1, where the text reads, its readout
-reads the facts the other pages quote, and moving it rereads both shares and redraws the batch.
+reads the facts the other pages quote, and moving it rereads both shares and redraws the batch; at every CV, at
+1280 and 400 px, the readout lies on no curve or marker and nothing is drawn outside the svg.
 
 Needs the built book (``make book``, or ``scripts/build_pages.py notebooks/01_static_batching`` with
 ``BATCHLAB_BOOK_HTML``) and Debian's Chromium; fixtures ``site`` and ``browser`` are in ``tests/conftest.py``.
@@ -10,6 +11,7 @@ import re
 
 import pytest
 from bookpage import Visit, chart_texts, set_range
+from test_dynamic_batching_browser import CLASHES_JS
 
 from batchlab.chapters import facts
 
@@ -48,5 +50,23 @@ def test_the_slider_starts_at_cv1_and_rereads_the_waste(site, browser):
             assert check(_readout(chart)), (cv, _readout(chart))
             assert _bars(chart) != bars1  # the first batch is redrawn at the new spread
         assert not v.errors
+    finally:
+        v.close()
+
+
+@pytest.mark.parametrize("width", [1280, 400])
+def test_the_readout_lies_on_no_mark_at_any_cv(site, browser, width):
+    v = Visit(browser, f"{site}/{PAGE}.html", width=width)
+    try:
+        chart = v.chart(0)
+        slider = chart.locator(".vega-bindings input[type=range]")
+        bad = []
+        for cv in [f"{0.05 * i:.2f}" for i in range(41)]:
+            set_range(slider, cv)
+            v.page.wait_for_timeout(30)
+            r = chart.evaluate(CLASHES_JS)
+            if r["clashes"] or r["outside"] or r["wider"]:
+                bad.append((cv, r))
+        assert not bad, f"at {width} px: {bad[:4]}"
     finally:
         v.close()
