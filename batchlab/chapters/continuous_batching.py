@@ -14,6 +14,7 @@ from .. import viz
 from ..metrics import tokens_per_step
 from ..sim import simulate
 from ..workload import preset
+from .dynamic_batching import latency_text
 
 OCCUPANCY_COLORS = {"slots held": "#CC79A7", "rows generating": "#0072B2"}  # line, bars of the occupancy panels
 
@@ -146,7 +147,9 @@ def gantt_chart(df: pd.DataFrame, facet: str = "policy", highlight: bool = False
     highlight : bool
         Add a slider over the request ids that dims every other request (-1: none dimmed).
     last_end : bool
-        Mark when each panel's last request ends (a rule and its time), the panels sharing the time axis.
+        Mark when each panel's last request ends: a dashed rule, and its time in the panel's title above the bars
+        ("static: the last request ends at 12.03 s"; without panels, in the time axis's title), where no bar
+        can run into it whatever the chart's width. The panels share the time axis.
 
     Returns
     -------
@@ -166,14 +169,15 @@ def _gantt_encoding() -> dict:
                                 scale=alt.Scale(domain=list(viz.PHASES), range=list(viz.PHASE_COLORS))),
                 tooltip=[viz.tip("request", "request", kind="O"), viz.tip("phase", "phase", kind="N"),
                          viz.tip("start_s", "from (s)", ",.3f"), viz.tip("end_s", "to (s)", ",.3f"),
-                         viz.tip("lasts", "lasts (ms or s)", kind="N")])
+                         viz.tip("lasts", "lasts", kind="N")])
 
 
 def _gantt_bars(df: pd.DataFrame | None = None):
-    """The bars of :func:`gantt_chart`, each with how long its phase lasts for the tooltip."""
+    """The bars of :func:`gantt_chart`, each with how long its phase lasts for the tooltip, in words with its unit
+    (ms below a second, seconds from there: :func:`batchlab.chapters.dynamic_batching.latency_text`)."""
     chart = alt.Chart() if df is None else alt.Chart(df)
     return chart.transform_calculate(phase_s="datum.end_s - datum.start_s",
-                                     lasts=viz.duration_text("phase_s", "s")).mark_bar()
+                                     lasts=latency_text("phase_s")).mark_bar()
 
 
 def _gantt_layers(df: pd.DataFrame, facet: str, highlight: bool, last_end: bool):
@@ -188,16 +192,25 @@ def _gantt_layers(df: pd.DataFrame, facet: str, highlight: bool, last_end: bool)
         enc["opacity"] = alt.when("request < 0 || datum.request == request").then(alt.value(1.0)).otherwise(
             alt.value(0.2))
         params.append(param)
+    faceted = facet in df.columns
+    if last_end and not faceted:
+        enc["x"] = alt.X("start_s:Q", title=f"time (s); the last request ends at {df['end_s'].max():.2f} s")
     layers = [_gantt_bars().encode(**enc)]
     if last_end:
         last = alt.Chart().transform_aggregate(last_s="max(end_s)")
-        layers += [last.mark_rule(color="black", strokeDash=[4, 3]).encode(x="last_s:Q"),
-                   last.transform_calculate(label="'last request ends at ' + format(datum.last_s, '.2f') + ' s'")
-                   .mark_text(align="right", baseline="top", dx=-4, y=2).encode(x="last_s:Q", text="label:N")]
+        layers.append(last.mark_rule(color="black", strokeDash=[4, 3]).encode(x="last_s:Q"))
     chart = alt.layer(*layers, data=df)
-    if facet in df.columns:
-        chart = chart.properties(width=520, height=alt.Step(12)).facet(row=alt.Row(f"{facet}:N", title=None,
-                                                                                   sort=list(pd.unique(df[facet]))))
+    if faceted:
+        order = list(pd.unique(df[facet]))
+        header = alt.Header(labelOrient="top", labelAngle=0, labelAlign="left", labelAnchor="start",
+                            labelFontSize=12, labelPadding=0)
+        if last_end:
+            ends = df.groupby(facet)["end_s"].max()
+            words = "".join(f"datum.value == '{k}' ? ': the last request ends at {ends[k]:.2f} s' : "
+                            for k in order)
+            header = alt.Header(labelExpr=f"datum.value + ({words}'')", **header.to_dict())
+        chart = chart.properties(width=520, height=alt.Step(12)).facet(
+            row=alt.Row(f"{facet}:N", title=None, sort=order, header=header))
     return chart.add_params(*params) if params else chart
 
 

@@ -10,6 +10,7 @@ from spec_helpers import axis_titles, marks
 import batchlab as bl
 from batchlab import viz
 from batchlab.chapters import continuous_batching as chapter
+from batchlab.chapters.dynamic_batching import latency_text
 
 
 @pytest.fixture(scope="module")
@@ -101,17 +102,22 @@ def test_gantt_chart_with_highlight_and_last_end(gantt):
     assert bind == {"input": "range", "min": -1.0, "max": 11.0, "step": 1.0, "name": "highlight"}
     labels = viz._slider_labels(spec)["request"]["labels"]
     assert labels[:2] == ["no request", "request 0"] and len(labels) == 13
-    bars, rule, text = spec["spec"]["layer"]
+    bars, rule = spec["spec"]["layer"]
     assert bars["mark"]["type"] == "bar" and bars["encoding"]["x2"]["field"] == "end_s"
     tips = {t["field"]: t["title"] for t in bars["encoding"]["tooltip"]}
     assert tips == {"request": "request", "phase": "phase", "start_s": "from (s)", "end_s": "to (s)",
-                    "lasts": "lasts (ms or s)"}
-    assert any("lasts" in str(t.get("as")) for t in bars["transform"])
+                    "lasts": "lasts"}  # its value carries its unit: "35.2 ms", "2.68 s"
+    assert {"calculate": latency_text("phase_s"), "as": "lasts"} in bars["transform"]
     assert bars["encoding"]["color"]["scale"]["domain"] == list(viz.PHASES)
     assert "datum.request == request" in bars["encoding"]["opacity"]["condition"][0]["test"]
     assert rule["mark"]["type"] == "rule" and rule["encoding"]["x"]["field"] == "last_s"
     assert rule["transform"][0]["aggregate"][0] == {"op": "max", "field": "end_s", "as": "last_s"}
-    assert text["mark"]["type"] == "text" and text["encoding"]["text"]["field"] == "label"
+    # The last end's time is in each panel's title, above its bars: no text mark can run into a bar.
+    header = spec["facet"]["row"]["header"]
+    assert header["labelOrient"] == "top" and header["labelAngle"] == 0
+    ends = gantt.groupby("policy")["end_s"].max()
+    for policy, end in ends.items():
+        assert f"datum.value == '{policy}' ? ': the last request ends at {end:.2f} s'" in header["labelExpr"]
 
 
 def test_gantt_chart_options_apart(gantt):
@@ -119,7 +125,8 @@ def test_gantt_chart_options_apart(gantt):
     only = chapter.gantt_chart(gantt, highlight=True).to_dict()
     assert marks(only) == {"bar"} and only["params"][0]["name"] == "request"
     bare = chapter.gantt_chart(gantt.drop(columns="policy"), highlight=True, last_end=True).to_dict()
-    assert "facet" not in bare and {"bar", "rule", "text"} == marks(bare)
+    assert "facet" not in bare and {"bar", "rule"} == marks(bare)
+    assert f"the last request ends at {gantt['end_s'].max():.2f} s" in str(axis_titles(bare))
 
 
 def test_occupancy_frame_steps_and_idle_zeros(runs):

@@ -1,13 +1,17 @@
 """Chapter 3's charts in a real browser: a hover on the Gantt chart and on the occupancy panels answers in words
-with units (the phase and its times; the interval, the slots held and the rows generating).
+with units (the phase and its times; the interval, the slots held and the rows generating), and at 1280 and 400 px
+no text lies on a bar (the last request's end is in each panel's title) and nothing is drawn outside the svg.
 
 Needs the built book (``make book``, or ``scripts/build_pages.py notebooks/03_continuous_batching`` with
 ``BATCHLAB_BOOK_HTML``) and Debian's Chromium; fixtures ``site`` and ``browser`` are in ``tests/conftest.py``.
 """
 from __future__ import annotations
 
+import re
+
 import pytest
 from bookpage import Visit
+from test_dynamic_batching_browser import CLASHES_JS
 
 pytestmark = pytest.mark.browser
 
@@ -35,10 +39,29 @@ def test_gantt_and_occupancy_answer_a_hover(site, browser):
         gantt, occupancy = v.chart(0), v.chart(1)
         text = _hover_first(v, gantt, "g.mark-rect.role-mark path")
         assert all(word in text for word in ("request", "phase", "from (s)", "to (s)", "lasts"))
+        lasts = re.search(r"lasts\s+([\d,.]+) (ms|s)\b", text)  # one unit, milliseconds only below a second
+        assert lasts and (lasts[2] == "s" or float(lasts[1].replace(",", "")) < 1000), text
         v.page.mouse.move(0, 0)
         text = _hover_first(v, occupancy, "g.mark-rect.role-mark path")
         assert all(word in text for word in ("policy", "from (s)", "to (s)", "slots held", "rows generating"))
         assert "_" not in text  # no code names
+        assert not v.errors
+    finally:
+        v.close()
+
+
+@pytest.mark.parametrize("width", [1280, 400])
+def test_no_text_lies_on_a_bar_at_either_width(site, browser, width):
+    v = Visit(browser, f"{site}/{PAGE}.html", width=width)
+    try:
+        gantt = v.chart(0)
+        titles = [t.strip() for t in gantt.locator("svg text").all_text_contents()]
+        ends = [t for t in titles if re.fullmatch(r"(static|dynamic|continuous): the last request ends at "
+                                                  r"[\d.]+ s", t)]
+        assert len(ends) == 3, titles  # one per panel, above its bars
+        for i in range(v.charts().count()):
+            r = v.chart(i).evaluate(CLASHES_JS)
+            assert not r["clashes"] and not r["outside"] and not r["wider"], (width, i, r)
         assert not v.errors
     finally:
         v.close()
