@@ -129,7 +129,12 @@ def test_utilisation_chart(cost8b, small_stream):
         assert enc["shape"]["scale"]["range"] == ["circle", "triangle-up"] and enc["shape"]["title"] == "run"
         assert enc["shape"]["legend"]["orient"] == "top"
     assert dots["x"]["scale"]["type"] == "log" and dots["y"]["scale"]["type"] == "log"
-    assert "title" not in spec and all(t == t.lower() for t in titles(spec))
+    # lowercase words, units as the datasheet spells them
+    assert dots["x"]["title"] == "arithmetic intensity (FLOP per byte)" and "(TFLOP/s)" in dots["y"]["title"]
+    words = [t.replace("TFLOP", "tflop").replace("FLOP", "flop") for t in titles(spec)]
+    assert "title" not in spec and all(t == t.lower() for t in words)
+    tips = {t["field"]: t["title"] for t in dots["tooltip"]}  # the roofline panel's values, hovered
+    assert tips["intensity"] == "arithmetic intensity (FLOP per byte)" and tips["tflops"].endswith("(TFLOP/s)")
 
 
 def test_budget_split_chart_budget_slider(cost8b, small_stream):
@@ -160,7 +165,12 @@ def test_mixing_chart():
         assert dash["domain"] == ["a", "b"] and dash["range"][0] != dash["range"][1]
         shape = dots["encoding"]["shape"]["scale"]
         assert shape["domain"] == ["a", "b"] and len(set(shape["range"])) == 2 and dots["mark"]["filled"] is False
-    assert right["layer"][0]["encoding"]["y"]["scale"]["type"] == "log"
+    itl_y = right["layer"][0]["encoding"]["y"]
+    assert itl_y["scale"]["type"] == "log"
+    assert itl_y["axis"]["values"] == [50, 100] and itl_y["axis"]["format"] == ","  # a few ticks, with separators
+    assert itl_y["scale"]["domain"][0] < 50 and itl_y["scale"]["domain"][1] > 90  # every point inside
+    wide = chapter.mixing_chart(df.assign(p99_itl_ms=[3.0, 12000.0] * 3), rate_req_s=20.0).to_dict()
+    assert wide["vconcat"][1]["layer"][0]["encoding"]["y"]["axis"]["values"] == [10, 100, 1000, 10000]
     assert left["layer"][0]["encoding"]["x"]["field"] == "rate_req_s"
     rates = [r["rate_req_s"] for rows in spec["datasets"].values() for r in rows if "rate_req_s" in r]
     # the infinite rate is left out, not turned into null: every rate drawn is a finite number, 10 and 20 twice each
@@ -193,6 +203,7 @@ def test_stall_comparison_explains_the_prefill_only_peak(cost8b):
     res = bl.simulate(stream, "continuous", cost8b, prefill_only_steps=True)
     assert light["p99_itl_ms"] == res.summary()["p99_itl_ms"]  # the same run as the mixing comparison's V0
     assert light["stalls"] == len(chapter.prefill_stalls(res.steps))
+    assert (df["n_run"] == len(stream.arrival_s)).all() and len(stream.arrival_s) < 1000  # what the runs serve
     html = chapter.stall_table(df).to_html()
     assert "KV cache in use (median)" in html and "p99 TTFT (s)" in html and "kv_used" not in html
 
@@ -201,6 +212,22 @@ def test_kind_table_reads_in_units(cost8b, small_stream):
     util = chapter.step_utilisation({"a": bl.simulate(small_stream, "chunked", cost8b, max_num_batched_tokens=2048)})
     html = chapter.kind_table(util).to_html()
     assert "compute (% of peak)" in html and "duration (ms)" in html and "%" in html and "compute_util" not in html
+
+
+def test_kind_medians_keep_the_runs_apart(cost8b, small_stream):
+    runs = {"v1": bl.simulate(small_stream, "chunked", cost8b, max_num_batched_tokens=2048),
+            "v0": bl.simulate(small_stream, "continuous", cost8b, prefill_only_steps=True)}
+    util = chapter.step_utilisation(runs)
+    med = chapter.kind_medians(util)
+    assert list(dict.fromkeys(med["run"])) == ["v1", "v0"]  # runs in order, then kinds in STEP_KINDS order
+    assert med[["run", "kind"]].drop_duplicates().shape[0] == len(med) and med["iterations"].sum() == len(util)
+    for (run, kind), row in med.set_index(["run", "kind"]).iterrows():  # each run's own medians, never pooled
+        own = util[(util["run"] == run) & (util["kind"] == kind)]
+        assert row["bandwidth_util"] == own["bandwidth_util"].median() and row["iterations"] == len(own)
+        assert row["decode_seqs"] == own["decode_seqs"].median()
+    assert "mixed" not in set(med.loc[med["run"] == "v0", "kind"])  # prefill-only steps never mix
+    html = chapter.kind_table(util).to_html()
+    assert html.count("<tr") == len(med) + 1 and "decode rows" in html and ">run<" in html
 
 
 # -- inside one iteration -------------------------------------------------------------------------------------------
@@ -329,6 +356,16 @@ def test_iteration_chart_slider_and_panels(picker):
     tips = [t for tt in walk(spec, "tooltip") for t in (tt if isinstance(tt, list) else [tt])]
     assert tips and all(isinstance(t, dict) and t.get("title") for t in tips)
     assert not [t["title"] for t in tips if "_" in t["title"]]
+    for chart in walk(spec, "tooltip"):  # one tooltip never shows two fields under one title (the last would win)
+        if isinstance(chart, list):
+            assert len({t["title"] for t in chart}) == len(chart), chart
+    by_field = {t["field"]: t["title"] for t in tips}
+    assert by_field["tokens"] == "tokens in this bar (tokens)" and by_field["new_tokens"].endswith("(tokens)")
+    assert by_field["cached_tokens"].endswith("(tokens)") and by_field["decodes"].endswith("(sequences)")
+    decode_axis = [e["y"]["title"] for e in walk(spec, "encoding") if e.get("y", {}).get("field") == "decodes"]
+    assert decode_axis == ["decode rows (sequences)"]
+    chunk = frames["chunks"].iloc[0]
+    assert chunk["part_words"] and chunk["new_tokens"] >= 0 and chunk["cached_tokens"] >= 0
     assert chapter.iteration_chart(frames).to_dict()["params"][0]["value"] == chapter.busiest(frames)
 
 
