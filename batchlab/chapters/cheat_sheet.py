@@ -7,6 +7,7 @@ shows the effect, at a label of that chapter. :data:`ROWS` holds the advice, :fu
 """
 from __future__ import annotations
 
+import html
 import re
 from typing import NamedTuple
 
@@ -17,21 +18,32 @@ from . import facts, link, scenes
 
 
 class Row(NamedTuple):
-    """One line of advice: what a reader sees, what to turn, what happens, the number and where it is shown."""
+    """One line of advice: what a reader sees, what to turn, what happens, the number and where it is shown.
+
+    Every fact of a row comes from one scene (a cost-model scene of the same model and GPU as the row's traffic
+    scene counts as that scene: its numbers hold there), so the setting cell names one setting, or ``setting``
+    says in words what the row's numbers hold for.
+    """
 
     symptom: str
     knob: str
     effect: str
     number: str  # a template: {fact_name} is replaced by the fact as its chapter prints it
     where: tuple  # (chapter slug, label on its page), the first the main one
+    setting: str = ""  # the setting cell in words, for a row whose numbers are not one scene's (vLLM's code)
 
 
 ROWS = (
-    Row("throughput far below the GPU's; batches padded and held by their longest member",
-        "iteration-level (continuous) batching", "a finished sequence's slot refills at once; no padding",
-        "{orca_capacity_req_s} against {lockstep_capacity_req_s} with lockstep batches of 32, all requests queued; "
-        "static batching pads {pad_cv1} of token slots at output CV 1",
-        (("dynamic_batching", "dynamic-capacity"), ("static_batching", "static-padding"))),
+    Row("throughput far below the GPU's: requests wait in lockstep batches", "iteration-level (continuous) batching",
+        "a finished sequence's slot refills at the next iteration",
+        "every request queued at once: {orca_capacity_req_s} with whole-prompt (Orca) iteration-level batching "
+        "against {lockstep_capacity_req_s} with lockstep batches of 32",
+        (("dynamic_batching", "dynamic-capacity"),)),
+    Row("static batches compute padding, and finished rows wait for the longest output",
+        "iteration-level (continuous) batching", "no padding; a finished row's slot is reused at once",
+        "lockstep batches of 32 at output CV 1: {pad_cv1} of the token slots are padding, and {half_empty_cv1} of "
+        "the batches' time passes with half their rows or more finished",
+        (("static_batching", "static-padding"),)),
     Row("at low load, requests wait for a batch to fill", "a max queue delay (dynamic batching), or iteration-level "
         "batching", "latency at low load falls; at high load nothing changes",
         "mean end-to-end latency at {low_load_req_s}: {low_e2el_static_s} static, {low_e2el_dynamic_s} dynamic "
@@ -39,8 +51,9 @@ ROWS = (
         (("dynamic_batching", "dynamic-delay"),)),
     Row("the decode step barely grows with the batch: the GPU is underused", "raise max_num_seqs",
         "more tokens per step at almost the same step time, up to the knee",
-        "the step stays near {weight_stream_ms} up to the knee: {knee_1024} at 1,024 tokens of context, "
-        "{knee_4096:bare} at 4,096, {ridge:bare} with none",
+        "pure roofline: the step stays near {weight_stream_ms} up to the knee, {knee_1024} at 1,024 tokens of "
+        "context, {knee_4096:bare} at 4,096, {ridge:bare} with none ({ridge_calibrated:bare} on the calibrated "
+        "model)",
         (("step_time_roofline", "roofline-chart"),)),
     Row("every decoding sequence stalls when a long prompt arrives", "chunked prefill: lower max_num_batched_tokens",
         "the stall shrinks; the newcomer's first token comes later",
@@ -77,12 +90,17 @@ ROWS = (
         "H100 and H200: max_num_seqs {vllm_default_max_num_seqs:bare}, max_num_batched_tokens "
         "{vllm_default_max_num_batched_tokens:bare} (vllm serve) or {vllm_offline_max_num_batched_tokens:bare} "
         "(offline); A100 80GB: max_num_seqs {a100_seqs}",
-        (("two_knobs", "two-knobs-defaults"),)),
+        (("two_knobs", "two-knobs-defaults"),), setting="vLLM's code, any model"),
     Row("a long prompt's first token is slow even on an idle GPU",
         "nothing in the scheduler: the prompt's FLOPs set it (prefix caching, a smaller model, more GPUs)",
         "chunking spreads the prefill over steps; it cannot shorten it",
-        "8,000 tokens: {prefill8_ideal_ms} at the full BF16 peak ({prefill8_ms} calibrated); Llama-3-70B FP8 at "
-        "least {prefill70_ideal_ms}",
+        "8,000 tokens: {prefill8_ideal_ms} at the full BF16 peak, {prefill8_ms} calibrated",
+        (("prefill_spike", "spike-arithmetic"),)),
+    Row("a 70B model on one GPU: a long prompt takes more than half a second alone",
+        "more GPUs (tensor parallelism) or prefix caching; no token budget shortens a prefill",
+        "the prompt's FLOPs are the floor of its first token",
+        "8,000 tokens: at least {prefill70_ideal_ms} at the full FP8 peak; the article's 400 ms would need "
+        "{mfu400_70} of that peak",
         (("prefill_spike", "spike-arithmetic"),)),
     Row("prompts repeat a long system prompt or a conversation's history",
         "prefix caching (on by default) and a KV pool that holds the prefixes",
@@ -92,19 +110,22 @@ ROWS = (
         "at one H100's pool, of {prefix_moon_bound} that recur",
         (("prefix_caching", "prefix-pool"), ("prefix_caching", "prefix-gain"))),
     Row("several GPUs: replicas or prefill and decode apart?",
-        "replicas with chunked prefill; a prefill/decode split only for a tight TPOT bound on prompt-heavy traffic; "
-        "prefix-aware routing where shared prefixes outgrow one pool",
+        "replicas with chunked prefill; a prefill/decode split only for a tight TPOT bound on prompt-heavy traffic",
         "every GPU busy with both kinds of work; a split strands GPUs unless the traffic's mix matches it",
         "colocated replicas win {disagg_colocated_cells} and tie {disagg_tie_cells} of {disagg_cells} cells; a split "
-        "serves {disagg_code_tight_gain} times the goodput per GPU on code under {disagg_tight_slo}; prefix-aware "
-        "routing cuts the median TTFT of shared system prompts {disagg_router_sp_ttft_factor} times",
-        (("disaggregation", "disagg-goodput"), ("disaggregation", "disagg-routing"))),
+        "serves {disagg_code_tight_gain} times the goodput per GPU on code under {disagg_tight_slo}",
+        (("disaggregation", "disagg-goodput"),)),
+    Row("replicas behind a router, and shared prefixes outgrow one replica's KV pool", "prefix-aware routing",
+        "each request lands on the replica that holds its prefix",
+        "shared system prompts: median TTFT {disagg_router_sp_ttft_factor} times lower than with round robin",
+        (("disaggregation", "disagg-routing"),)),
     Row("which settings for my own traffic and SLO?", "bl.tune, or python -m batchlab tune with --goodput",
         "the pair with the most goodput under the SLO, and each pair's largest sustainable rate",
         "on conversation traffic under TTFT and TPOT bounds the best pair's goodput is {tuning_usual_gain_max} "
         "times the default's",
         (("tuning", "tuning-map"), ("tuning", "tuning-headroom"))),
 )
+COST_MODEL_SCENES = ("llama8", "llama70")  # scenes of the cost model alone, no traffic
 COLUMNS = ["symptom", "knob", "effect", "number", "setting", "where"]
 _FIELD = re.compile(r"\{([a-z0-9_]+)(:bare)?\}")  # {fact}: value and unit; {fact:bare}: the value alone
 EXTRA = {"a100_seqs": lambda: str(vllm_defaults(get_hardware("a100-80gb"))["max_num_seqs"])}  # vLLM's rule
@@ -118,13 +139,22 @@ def fact_names(rows=ROWS) -> list[str]:
     return names
 
 
-def _settings(row: Row) -> list[str]:
-    """The scenes the row's facts come from, each once, as a table cell names them."""
+def row_settings(row: Row) -> list[str]:
+    """The scenes the row's facts come from, each once, as a table cell names them (or the row's own words).
+
+    A cost-model scene (no traffic) of the same model, weight type and GPU as another scene of the row is that
+    scene's cost model, so it is not named again.
+    """
+    if row.setting:
+        return [row.setting]
     keys = []
     for name in fact_names([row]):
         if (key := facts.get(name).scene) not in keys:
             keys.append(key)
-    return [scenes.scene(k).short or scenes.scene(k).text for k in keys]
+    found = [scenes.scene(k) for k in keys]
+    shown = [s for s in found if s.name not in COST_MODEL_SCENES or not any(
+        o is not s and (o.model, o.dtype, o.gpu) == (s.model, s.dtype, s.gpu) for o in found)]
+    return [s.short or s.text for s in shown]
 
 
 def _shown(name: str, bare: bool) -> str:
@@ -138,6 +168,20 @@ def _number(template: str) -> str:
     return _FIELD.sub(lambda m: _shown(m.group(1), bool(m.group(2))), template)
 
 
+_NTH = ("a second", "a third", "a fourth")
+
+
+def _links(where) -> list[str]:
+    """One link per (chapter, label): "chapter N" for a chapter's first chart, "a second chart" for its next ones,
+    so two charts of one chapter do not read "chapter 9, chapter 9"."""
+    out, seen = [], {}
+    for slug, label in where:
+        n = seen.get(slug, 0)
+        out.append(link(slug, label, None if n == 0 else f"{_NTH[min(n, len(_NTH)) - 1]} chart"))
+        seen[slug] = n + 1
+    return out
+
+
 def cheat_sheet(rows=ROWS, html_links: bool = True) -> pd.DataFrame:
     """The sheet: one row per piece of advice, columns :data:`COLUMNS`.
 
@@ -147,16 +191,23 @@ def cheat_sheet(rows=ROWS, html_links: bool = True) -> pd.DataFrame:
     """
     out = []
     for row in rows:
-        where = [link(slug, label) if html_links else f"{slug}#{label}" for slug, label in row.where]
+        where = _links(row.where) if html_links else [f"{slug}#{label}" for slug, label in row.where]
         out.append({"symptom": row.symptom, "knob": row.knob, "effect": row.effect, "number": _number(row.number),
-                    "setting": "; ".join(_settings(row)), "where": ", ".join(where)})
+                    "setting": "; ".join(row_settings(row)), "where": ", ".join(where)})
     return pd.DataFrame(out, columns=COLUMNS)
 
 
 def styled(sheet: pd.DataFrame):
-    """The sheet as the page shows it: headers in words, left- and top-aligned, links live. Used in chapter 12."""
-    shown = sheet.rename(columns={"symptom": "symptom", "knob": "what to turn", "effect": "what it does",
-                                  "number": "how much (measured)", "setting": "setting", "where": "chart"})
+    """The sheet as the page shows it, in four columns that fit the page's width: the symptom, the knob with what
+    it does, the measured number with the setting it was measured in right under it, and the charts. Headers in
+    words, left- and top-aligned, links live. Used in chapter 12."""
+    shown = pd.DataFrame({
+        "symptom": sheet["symptom"],
+        "what to turn, and what it does": [f"{k}<br>&rarr; {e}" for k, e in zip(sheet["knob"], sheet["effect"])],
+        "how much (measured), and in which setting": [
+            f"{n}<br><small><em>setting:</em> {html.escape(s)}</small>" for n, s in zip(sheet["number"],
+                                                                                    sheet["setting"])],
+        "chart": sheet["where"]})
     return (shown.style.hide(axis="index").set_uuid("cheat-sheet")
             .set_properties(**{"text-align": "left", "vertical-align": "top", "padding": "0.3em 0.5em"})
             .set_table_styles([{"selector": "th", "props": "text-align: left; border-bottom: 2px solid #888"}]))
