@@ -287,19 +287,19 @@ def _on_off(runs: pd.DataFrame, key: str) -> pd.DataFrame:
 
 
 def gain_table(sweep: pd.DataFrame):
-    """Per workload on vLLM's pool, caching off then on: hit rate, TTFT (median, P99) and the GPU's busy share.
+    """Per workload on vLLM's pool, caching off then on: hit rate, TTFT (median, p99) and the GPU's busy share.
 
     ``sweep`` holds one pool per workload (:func:`pool_sweep` rows with ``default_pool``). Used in chapter 10.
     """
     return viz.display_table(_on_off(sweep, "workload"), {
         "workload": ("workload", "{}"), "cache": ("prefix caching", "{}"),
         "prefix_cache_hit_rate": ("hit rate", "{:.1%}"), "median_ttft_ms": ("median TTFT (ms)", "{:,.0f}"),
-        "p99_ttft_ms": ("P99 TTFT (ms)", "{:,.0f}"), "gpu_busy_fraction": ("GPU busy", "{:.0%}")})
+        "p99_ttft_ms": ("p99 TTFT (ms)", "{:,.0f}"), "gpu_busy_fraction": ("GPU busy", "{:.0%}")})
 
 
 def preemption_table(sweep: pd.DataFrame, workload: str, pools_gib):
     """One workload at the given pools, caching off then on: hit rate, preemptions, tokens computed again after
-    them and P99 TTFT. Used in chapter 10.
+    them and p99 TTFT. Used in chapter 10.
     """
     w = sweep[(sweep["workload"] == workload) & ~sweep["default_pool"]]
     w = w[np.isin(w["pool_gib"].round(6), np.round(pools_gib, 6))]
@@ -309,7 +309,7 @@ def preemption_table(sweep: pd.DataFrame, workload: str, pools_gib):
     return viz.display_table(df, {
         "pool_gib": ("KV pool (GiB)", "{:,.0f}"), "cache": ("prefix caching", "{}"),
         "prefix_cache_hit_rate": ("hit rate", "{:.1%}"), "preemptions": ("preemptions", "{:,d}"),
-        "recomputed_tokens": ("tokens recomputed", "{:,d}"), "p99_ttft_s": ("P99 TTFT (s)", "{:,.1f}")})
+        "recomputed_tokens": ("tokens recomputed", "{:,d}"), "p99_ttft_s": ("p99 TTFT (s)", "{:,.1f}")})
 
 
 def throughput_table(runs: pd.DataFrame):
@@ -417,16 +417,16 @@ def _hit_curve(grid, names, default_pool_gib, at_pool):
 
 
 def _ttft_bars(grid, at_pool):
-    """Right panel of :func:`pool_chart`: median and P99 TTFT, caching on and off, at the chosen workload and pool.
-    The axis is in seconds (Mooncake's P99 runs to seconds); each bar reads in ms below 10 s, in s above."""
+    """Right panel of :func:`pool_chart`: median and p99 TTFT, caching on and off, at the chosen workload and pool.
+    The axis is in seconds (Mooncake's p99 runs to seconds); each bar reads in ms below 10 s, in s above."""
     long = grid.melt(id_vars=["workload", "caching", "log2_pool_gib", "pool_gib", "prefix_cache_hit_rate"],
                      value_vars=["median_ttft_ms", "p99_ttft_ms"], var_name="stat", value_name="ttft_ms")
-    long["stat"] = long["stat"].map({"median_ttft_ms": "median", "p99_ttft_ms": "P99"})
+    long["stat"] = long["stat"].map({"median_ttft_ms": "median", "p99_ttft_ms": "p99"})
     long["cache"] = np.where(long["caching"], "caching on", "caching off")
     long["ttft_s"] = long["ttft_ms"] / 1e3
     chosen = alt.Chart(long).transform_filter(f"datum.workload == workload_pick && {at_pool}").transform_calculate(
         ttft_text=viz.duration_text("ttft_ms"))
-    x = alt.X("stat:N", title=None, sort=["median", "P99"], axis=alt.Axis(labelAngle=0))
+    x = alt.X("stat:N", title=None, sort=["median", "p99"], axis=alt.Axis(labelAngle=0))
     y = alt.Y("ttft_s:Q", title="time to first token (s)")
     order = ["caching off", "caching on"]
     offset = alt.XOffset("cache:N", sort=order)
@@ -445,7 +445,7 @@ def _ttft_bars(grid, at_pool):
 # -- the budget trade, cached or not ---------------------------------------------------------------------------
 @facts.memo
 def budget_sweep(cost, requests: Requests, max_num_batched_tokens, caching=(True, False), **knobs) -> pd.DataFrame:
-    """One workload at each token budget, prefix caching on and off: TTFT and the decoders' P99 ITL (cached on
+    """One workload at each token budget, prefix caching on and off: TTFT and the decoders' p99 ITL (cached on
     disk: :func:`facts.memo`).
 
     Used in chapter 10. Returns one row per run: ``caching``, ``max_num_batched_tokens``, ``log2_tokens`` and
@@ -458,8 +458,8 @@ def budget_sweep(cost, requests: Requests, max_num_batched_tokens, caching=(True
 
 
 def budget_chart(points: pd.DataFrame):
-    """Chapter 6's trade on a loaded server, with and without the cache: the P99 inter-token latency (left) and
-    the P99 time to first token (right) against the token budget, one line per caching setting. Budgets sit on
+    """Chapter 6's trade on a loaded server, with and without the cache: the p99 inter-token latency (left) and
+    the p99 time to first token (right) against the token budget, one line per caching setting. Budgets sit on
     the x axis, so no point needs a label. Used in chapter 10."""
     df = points.assign(cache=np.where(points["caching"], "caching on", "caching off"))
     budgets = sorted(df["max_num_batched_tokens"].unique().tolist())
@@ -471,8 +471,8 @@ def budget_chart(points: pd.DataFrame):
                       legend=alt.Legend(orient="bottom"))
     tips = [viz.tip("cache", "prefix caching", kind="N"),
             viz.tip("max_num_batched_tokens", "max_num_batched_tokens (tokens)", ","),
-            viz.tip("p99_itl_ms", "P99 inter-token latency (ms)", ",.1f"),
-            viz.tip("p99_ttft_ms", "P99 time to first token (ms)", ",.0f"),
+            viz.tip("p99_itl_ms", "p99 inter-token latency (ms)", ",.1f"),
+            viz.tip("p99_ttft_ms", "p99 time to first token (ms)", ",.0f"),
             viz.tip("prefix_cache_hit_rate", "prefix-cache hit rate", ".1%")]
     base = alt.Chart(df).encode(x=x, color=color, tooltip=tips)
 
@@ -482,8 +482,8 @@ def budget_chart(points: pd.DataFrame):
         return base.mark_line(point=True).encode(y=y, order="max_num_batched_tokens:Q").properties(
             width=250, height=220)
 
-    return alt.hconcat(panel("p99_itl_ms", "P99 inter-token latency (ms, log scale)"),
-                       panel("p99_ttft_ms", "P99 time to first token (ms, log scale)"))
+    return alt.hconcat(panel("p99_itl_ms", "p99 inter-token latency (ms, log scale)"),
+                       panel("p99_ttft_ms", "p99 time to first token (ms, log scale)"))
 
 
 # -- facts other pages glue (batchlab.chapters.facts), from the chapter's own setting ---------------------------
@@ -559,7 +559,7 @@ def _sp_throughput_factor():
 
 
 @facts.fact("prefix_chat_flat_budget", scene=SCENE, unit="tokens", fmt=",", chapter="prefix_caching",
-            text="the token budget from which every larger max_num_batched_tokens gives the same P99 TTFT and P99 "
+            text="the token budget from which every larger max_num_batched_tokens gives the same p99 TTFT and p99 "
                  "ITL on the multi-turn chats with prefix caching on (one H100 SXM, vLLM's pool)")
 def _chat_flat_budget():
     return flat_budget(chapter_budgets())

@@ -198,8 +198,11 @@ def _pick_row(result, workload, spec, load, rate) -> dict:
 def headroom(cost, picks: pd.DataFrame, n_requests: int, *, seed=0, rel_tol: float = 0.02) -> pd.DataFrame:
     """The largest request rate the tuner's pick and vLLM's default sustain under each SLO (:func:`max_rate`).
 
-    The stream of each row of ``picks`` (same preset, count, rate and seed as :func:`tuning_grid`) is scaled in
-    time until the SLO's p99 bounds just hold. Results are cached. Used in chapter 9.
+    Each workload's stream (same preset, count and seed as :func:`tuning_grid`) is scaled in time until the SLO's
+    p99 bounds just hold. The search starts from one stream per workload, the one at its highest tuned rate,
+    whichever row asks: :func:`max_rate` brackets from the stream's own rate, so starting each row at its own
+    load would give one setting under one SLO two answers within ``rel_tol`` of each other. Results are cached.
+    Used in chapter 9.
 
     Returns
     -------
@@ -208,10 +211,11 @@ def headroom(cost, picks: pd.DataFrame, n_requests: int, *, seed=0, rel_tol: flo
         SLO) and ``rate_ratio`` (best over default, NaN where the default's is 0).
     """
     out = picks.copy()
+    start = picks.groupby("workload")["rate_req_s"].max()  # req/s: one starting stream per workload
     for who in ("best", "default"):
         rates = []
         for row in picks.itertuples(index=False):
-            stream = preset(row.workload, n_requests, rate_req_s=row.rate_req_s, seed=seed)
+            stream = preset(row.workload, n_requests, rate_req_s=float(start[row.workload]), seed=seed)
             knobs = {k: int(getattr(row, f"{who}_{k}")) for k in ("max_num_seqs", "max_num_batched_tokens")}
             rates.append(max_rate(stream, cost, parse_goodput(row.slo), rel_tol=rel_tol, **knobs).rate_req_s)
         out[f"{who}_max_rate_req_s"] = rates
@@ -242,38 +246,52 @@ def _pick_knob(frame: pd.DataFrame) -> pd.Series:
     return knobs.where(frame["holds_any"], "none holds the SLO")
 
 
+def _scene_at(frame: pd.DataFrame, workload_names: dict, words: str = "") -> pd.Series:
+    """``"conversation, 10.4 req/s"``: the scene by its name on the page and the rate of the row."""
+    return frame["workload"].map(workload_names) + f", {words}" + frame["rate_req_s"].map("{:.1f} req/s".format)
+
+
 def picks_table(picks: pd.DataFrame, slo_names: dict, workload_names: dict):
-    """The tuner's pick against vLLM's default per workload, SLO and load, formatted: knobs (or that no pair holds
-    the SLO, and then no pick's numbers), goodput against the requests the default served, and the SLO load
-    (largest p99 / bound) of both. Used in chapter 9."""
-    shown = picks.assign(workload=picks["workload"].map(workload_names), slo=picks["slo"].map(slo_names),
-                         best=_pick_knob(picks), best_goodput=picks["best_goodput"].where(picks["holds_any"]),
-                         best_slo_load=picks["best_slo_load"].where(picks["holds_any"]))
-    rate, share = "{:.1f}".format, "{:.2f}".format
+    """The tuner's pick against vLLM's default per workload, SLO and load, formatted in five columns (narrow
+    enough for the book's column): scene and rate, SLO, the pick's knobs (or that no pair holds the SLO, and
+    then no pick's numbers), the goodputs of the pick and the default beside the requests the default served
+    (req/s), and the SLO load (largest p99 / bound) of both. Used in chapter 9."""
+    def goodputs(r):
+        best = f"{r.best_goodput:.1f}" if r.holds_any else "–"
+        return f"{best} / {r.default_goodput:.1f} of {r.served_req_s:.1f}"
+
+    def loads(r):
+        best = f"{r.best_slo_load:.2f}" if r.holds_any else "–"
+        return f"{best} / {r.default_slo_load:.2f}"
+
+    rows = list(picks.itertuples(index=False))
+    shown = picks.assign(scene=_scene_at(picks, workload_names), slo=picks["slo"].map(slo_names),
+                         best=_pick_knob(picks), goodputs=[goodputs(r) for r in rows], loads=[loads(r) for r in rows])
     return viz.display_table(shown, {
-        "workload": ("workload", str), "slo": ("SLO", str), "rate_req_s": ("rate (req/s)", rate),
+        "scene": ("scene, rate", str), "slo": ("SLO", str),
         "best": ("pick: max_num_seqs / max_num_batched_tokens", str),
-        "best_goodput": ("pick: goodput (req/s)", rate), "default_goodput": ("vLLM default: goodput (req/s)", rate),
-        "served_req_s": ("vLLM default: served (req/s)", rate), "best_slo_load": ("pick: p99 / bound", share),
-        "default_slo_load": ("vLLM default: p99 / bound", share)})
+        "goodputs": ("goodput (req/s): pick / vLLM default, of served", str),
+        "loads": ("SLO load: pick / vLLM default", str)})
 
 
 def headroom_table(rates: pd.DataFrame, slo_names: dict, workload_names: dict):
-    """:func:`headroom` formatted: the largest rate under each SLO of the pick (the most-goodput pair where none
-    holds) and of the default, ``"none"`` where no rate holds. Used in chapter 9."""
+    """:func:`headroom` formatted in four columns: the scene and the rate it was tuned at, the SLO, the pick (the
+    most-goodput pair where none holds) and the largest rate under the SLO of the pick and of the default,
+    ``"no rate"`` where the SLO holds at no rate. Used in chapter 9."""
     knobs = rates["best_max_num_seqs"].map("{:,}".format) + " / " + rates["best_max_num_batched_tokens"].map(
         "{:,}".format)
-    shown = rates.assign(workload=rates["workload"].map(workload_names), slo=rates["slo"].map(slo_names),
-                         best=np.where(rates["holds_any"], _pick_knob(rates), knobs + " (most goodput)"))
 
     def largest(v):
-        return "none" if v == 0 else f"{v:.1f}"
+        return "no rate" if v == 0 else f"{v:.1f}"
 
+    both = [f"{largest(b)} / {largest(d)}"
+            for b, d in zip(rates["best_max_rate_req_s"], rates["default_max_rate_req_s"])]
+    shown = rates.assign(scene=_scene_at(rates, workload_names, "tuned at "), slo=rates["slo"].map(slo_names),
+                         best=np.where(rates["holds_any"], _pick_knob(rates), knobs + " (most goodput)"), both=both)
     return viz.display_table(shown, {
-        "workload": ("workload", str), "slo": ("SLO", str), "rate_req_s": ("tuned at (req/s)", "{:.1f}".format),
+        "scene": ("scene, tuned at", str), "slo": ("SLO", str),
         "best": ("pick: max_num_seqs / max_num_batched_tokens", str),
-        "best_max_rate_req_s": ("pick: largest rate (req/s)", largest),
-        "default_max_rate_req_s": ("vLLM default: largest rate (req/s)", largest)})
+        "both": ("largest rate (req/s): pick / vLLM default", str)})
 
 
 def result_table(result):
@@ -290,7 +308,7 @@ def result_table(result):
                "p99_tpot_ms": ("p99 TPOT (ms)", "{:,.1f}".format)}
     if "p99_longest_itl_ms" in frame.columns:
         columns["p99_longest_itl_ms"] = ("p99 longest gap (ms)", ms)
-    columns |= {"slo_load": ("p99 / bound", "{:.2f}".format), "slo_met": ("p99s within the SLO", str)}
+    columns |= {"slo_load": ("SLO load", "{:.2f}".format), "slo_met": ("p99s within the SLO", str)}
     return viz.display_table(frame, columns)
 
 
@@ -319,25 +337,35 @@ def _map_data(grid: pd.DataFrame, picks: pd.DataFrame, workloads, slos, loads) -
     data["slo_load"] = data["slo_load"].astype(float).round(3)
     data["share_within"] = data["share_within"].astype(float).round(4)
     data["held"] = np.where(data["slo_met"], "yes", "no")
+    data["ttft_text"] = data["p99_ttft_ms"].map(two_knobs.format_ms)  # "412 ms", "315 s": never "315,382 ms"
     keep = ["workload_i", "slo_i", "load_i", "max_num_seqs", "max_num_batched_tokens", "request_goodput",
             "share_within", "held", "slo_met", "p99_ttft_ms", "p99_tpot_ms", "p99_longest_itl_ms", "slo_load",
-            "kind", "goodput_text"]
+            "kind", "goodput_text", "ttft_text"]
     return data[keep]
 
 
 def readout_label(r) -> str:
     """Two lines read above the map for one selection (a row of :func:`tuning_grid`'s picks): the pick (or that
     no setting holds the SLO there), then its goodput (or the largest of any pair), the default's and the
-    requests per second the default served, all in req/s. Used in chapter 9."""
+    requests per second the default served, all in req/s and to the same two decimals (a goodput may not
+    read larger than what was served). Used in chapter 9."""
+    served = f"vLLM default {r.default_goodput:.2f} of {r.served_req_s:.2f} served"  # req/s, as the line says
     if not r.holds_any:
         return (f"no setting holds this SLO's p99s at {r.rate_req_s:.1f} req/s\n"
-                f"top goodput {r.top_goodput:.2f}; vLLM default {r.default_goodput:.2f} of its {r.served_req_s:.1f}")
+                f"best goodput {r.top_goodput:.2f} req/s; {served}")
     same = r.best_max_num_seqs == r.default_max_num_seqs and \
         r.best_max_num_batched_tokens == r.default_max_num_batched_tokens
     pick = "vLLM's default itself" if same else \
         f"{r.best_max_num_seqs:,} sequences, {r.best_max_num_batched_tokens:,} tokens"
-    return (f"pick: {pick}\ngoodput {r.best_goodput:.2f} req/s; vLLM default {r.default_goodput:.2f} "
-            f"of its {r.served_req_s:.1f}")
+    return f"pick: {pick}\ngoodput {r.best_goodput:.2f} req/s; {served}"
+
+
+def _holds_expr(picks: pd.DataFrame, workloads, slos, loads) -> str:
+    """A Vega expression over the three buttons' signals: true where the selection has a pick (some pair holds
+    the SLO's p99s)."""
+    rows = _indices(picks, workloads, slos, loads)
+    keys = [f"'{r.workload_i},{r.slo_i},{r.load_i}'" for r in rows.itertuples(index=False) if r.holds_any]
+    return f"indexof([{', '.join(keys)}], workload_i + ',' + slo_i + ',' + load_i) >= 0"
 
 
 def _map_readout(picks: pd.DataFrame, workloads, slos, loads) -> pd.DataFrame:
@@ -388,7 +416,7 @@ def goodput_map_chart(grid: pd.DataFrame, picks: pd.DataFrame, workload_names: d
                viz.tip("max_num_batched_tokens", "max_num_batched_tokens (tokens)", ","),
                viz.tip("request_goodput", "goodput (req/s)", ".2f"),
                viz.tip("share_within", "requests within the SLO (share)", ".1%"),
-               viz.tip("p99_ttft_ms", "p99 TTFT (ms)", ",.0f"), viz.tip("p99_tpot_ms", "p99 TPOT (ms)", ",.1f"),
+               viz.tip("ttft_text", "p99 TTFT", kind="N"), viz.tip("p99_tpot_ms", "p99 TPOT (ms)", ",.1f"),
                viz.tip("p99_longest_itl_ms", "p99 longest gap (ms)", ",.0f"),
                viz.tip("slo_load", "SLO load (largest p99 / bound)", ".2f"),
                viz.tip("held", "p99s within the SLO", kind="N")]
@@ -403,11 +431,19 @@ def goodput_map_chart(grid: pd.DataFrame, picks: pd.DataFrame, workload_names: d
     text = base.mark_text(fontSize=8, dy=6).encode(
         text="goodput_text:N",
         color=alt.when("datum.share_within > 0.6").then(alt.value("white")).otherwise(alt.value("black")))
-    shape = alt.Shape("kind:N", title=None, scale=alt.Scale(domain=list(MAP_KINDS), range=list(MAP_SHAPES)),
-                      legend=alt.Legend(orient="bottom", labelLimit=0))
-    marks = base.transform_filter("datum.kind != ''").mark_point(
-        filled=True, size=45, color="black", stroke="white", strokeWidth=1, yOffset=-5).encode(
-        shape=shape, tooltip=tooltip)
+    # The pick has a legend of its own, shown only where a pick is drawn (some pair holds the SLO's p99s): the
+    # condition is the selection's, read from the picks as an expression of the three buttons' signals.
+    holds = _holds_expr(picks, workloads, slos, loads)
+    point = dict(filled=True, size=45, color="black", stroke="white", strokeWidth=1, yOffset=-5)
+    others = base.transform_filter(f'datum.kind != "" && datum.kind != "{MAP_KINDS[0]}"').mark_point(**point).encode(
+        shape=alt.Shape("kind:N", title=None, scale=alt.Scale(domain=list(MAP_KINDS[1:]), range=list(MAP_SHAPES[1:])),
+                        legend=alt.Legend(orient="bottom", labelLimit=0)), tooltip=tooltip)
+    pick_legend = alt.Legend(orient="bottom", labelLimit=0, symbolOpacity=alt.ExprRef(f"({holds}) ? 1 : 0"),
+                             labelExpr=f"({holds}) ? datum.label : ''")
+    pick_mark = base.transform_filter(f'datum.kind == "{MAP_KINDS[0]}"').mark_point(**point).encode(
+        shape=alt.Shape("kind:N", title=None, legend=pick_legend,
+                        scale=alt.Scale(domain=[MAP_KINDS[0]], range=[MAP_SHAPES[0]])), tooltip=tooltip)
+    marks = alt.layer(others, pick_mark).resolve_scale(shape="independent")
     readout = alt.Chart(_map_readout(picks, workloads, slos, loads)).transform_filter(chosen).mark_text(
         align="left", baseline="top", fontSize=11, color="#333333", lineBreak="\n", lineHeight=15).encode(
         x=alt.value(0), y=alt.value(0), text="label:N").properties(width=MAP_WIDTH, height=30)

@@ -241,21 +241,47 @@ def format_ms(ms: float) -> str:
     return f"{ms / 1e3:,.1f} s" if ms < 60e3 else f"{ms / 1e3:,.0f} s"
 
 
+def duration_expr(field: str) -> str:
+    """A Vega expression reading a duration field (ms) as :func:`format_ms` and the page's tables do: ``"412 ms"``
+    below a second, ``"2.9 s"`` below a minute, ``"468 s"`` above, ``"–"`` where there is none. Chapter 8's readout
+    and tooltips, so a chart never says "8,987 ms" where the table says "9.0 s"."""
+    ms = f"datum['{field}']"
+    return (f"!isValid({ms}) ? '–' : {ms} < 1000 ? format({ms}, ',.0f') + ' ms' : {ms} < 60000 ? "
+            f"format({ms} / 1000, ',.1f') + ' s' : format({ms} / 1000, ',.0f') + ' s'")
+
+
+def display_round_ms(ms) -> np.ndarray:
+    """Durations (ms) rounded to the digits :func:`duration_expr` and :func:`format_ms` print: 1 ms below a
+    second, 0.1 s below a minute, 1 s above; NaN stays NaN. Used by chapter 8's chart data."""
+    ms = np.asarray(ms, dtype=float)
+    digits = np.select([ms < 1e3, ms < 6e4], [0, -2], -3)
+    return np.array([round(v, int(d)) if np.isfinite(v) else v for v, d in zip(ms, digits)])
+
+
 def runs_table(df: pd.DataFrame, columns: dict):
     """Rows of a sweep or of :func:`default_vs_pick`, with readable headers and units.
 
-    ``columns`` maps a column to its header; columns ending in ``_ms`` read through :func:`format_ms`, rates
+    ``columns`` maps a column to its header; columns ending in ``_knobs`` are text already, those ending in
+    ``_ms`` read through :func:`format_ms`, rates
     with one decimal, ratios (``_ratio``) with one decimal and a ×, shares (``load``) as percentages, throughputs
     and knobs with thousands separators. Used in chapter 8. Returns a ``Styler`` without the index.
     """
     def fmt(col):
-        if col.endswith("_ms"):
-            return format_ms
+        if col.endswith("_knobs"):  # already words: "1,024 / 3,072"
+            return str
+        if col.endswith("_ms"):  # a number and its unit never split over two lines of a narrow column
+            return lambda v: format_ms(v).replace(" ", "\u00a0")
         if col.endswith("_ratio"):
             return "×{:.1f}".format
         return "{:.0%}".format if col == "load" else "{:.1f}".format if "rate_req_s" in col else "{:,.0f}".format
 
     return viz.display_table(df, {col: (header, fmt(col)) for col, header in columns.items()}, na_rep=None)
+
+
+def knobs_text(max_num_seqs, max_num_batched_tokens) -> pd.Series:
+    """Pairs as a reader reads them, ``"1,024 / 3,072"`` (sequences / tokens). Used in chapter 8's table."""
+    seqs, tokens = pd.Series(max_num_seqs).astype(int), pd.Series(max_num_batched_tokens).astype(int)
+    return seqs.map("{:,}".format) + " / " + tokens.map("{:,}".format).to_numpy()
 
 
 def vllm_defaults_style(table: pd.DataFrame):
@@ -284,8 +310,11 @@ def _knob_points(df, defaults, offline_tokens, x, y, y2):
         data[name] = data[col].map({v: i for i, v in enumerate(np.sort(data[col].unique()))}).astype(int)
     data["kind"] = np.where(data["vllm_refuses"], TWO_KNOB_KINDS[1], TWO_KNOB_KINDS[0])
     data["front"] = data["frontier"].astype(int)  # the grid draws frontier pairs last, on top
-    data[x] = data[x].round(1)  # the page inlines the data: no more digits than a reader can see
-    data[[y, y2]] = data[[y, y2]].round(2)
+    # The page inlines the data with no more digits than a reader sees, rounded once to what the readout and the
+    # tooltips print (rounding 249.496 ms to 249.5 first would print "250 ms" where the table says 249).
+    data[x] = data[x].round(0)
+    for col in (y, y2):
+        data[col] = display_round_ms(data[col])
     at_seqs = data["max_num_seqs"] == defaults["max_num_seqs"]
     marks = [data[at_seqs & (data["max_num_batched_tokens"] == defaults["max_num_batched_tokens"])].assign(
         kind=TWO_KNOB_KINDS[2])]
@@ -331,7 +360,7 @@ def two_knobs_chart(df: pd.DataFrame, defaults: dict, offline_tokens: int | None
     through them. The throughput axis is the same in both, so at one rate below capacity the runs that keep up
     stand in one column and the sliders move the green point up and down. The readout above reads the chosen
     pair at the selected rate (or at each rate), durations in ms below ten seconds and in s above
-    (:func:`batchlab.viz.duration_text`); every pair picked before stays as a faded green ring (the selection
+    (:func:`duration_expr`); every pair picked before stays as a faded green ring (the selection
     ``visited``; clicking a run adds or removes it). The grid at the bottom shows every pair at the selected
     rate(s): black where it is on the frontier, a cross where vLLM refuses it.
     """
@@ -362,7 +391,7 @@ def two_knobs_chart(df: pd.DataFrame, defaults: dict, offline_tokens: int | None
     xenc = alt.X(f"{x}:Q", title=viz.title(x), axis=alt.Axis(format=",.0f"),
                  scale=alt.Scale(zero=False, nice=False, domain=[float(accepted.min()) * 0.95,
                                                                   float(accepted.max()) * 1.03]))
-    calc = {"y_text": viz.duration_text(y), "y2_text": viz.duration_text(y2)}
+    calc = {"y_text": duration_expr(y), "y2_text": duration_expr(y2)}
     kw = dict(xenc=xenc, shape=shape, tooltip=tooltip, at_rate=at_rate, chosen=chosen, trail=trail, calc=calc,
               every=every, rates=[float(r) for r in rates])
     top = _panel(data, marks, y, 300, True, **kw).add_params(trail)
@@ -388,7 +417,8 @@ def _panel(data, marks, col, height, frontier, *, xenc, shape, tooltip, at_rate,
     """One latency against throughput: the shown rate's runs (or every rate's), the frontier, the defaults, the
     trail, the chosen run. The log axis fits the runs shown, labelled in ms and s."""
     yenc = alt.Y(f"{col}:Q", title=f"{viz.title(col).split(' (')[0]} (log scale)",
-                 scale=alt.Scale(type="log", nice=False, padding=8), axis=alt.Axis(labelExpr=DURATION_LABEL))
+                 scale=alt.Scale(type="log", nice=False, padding=PANEL_PADDING_PX),
+                 axis=alt.Axis(labelExpr=DURATION_LABEL))
     base = alt.Chart(data).transform_filter("!datum.vllm_refuses").transform_filter(at_rate).transform_calculate(
         **calc).encode(x=xenc, y=yenc)  # refused pairs were never run: no operating point
     layers = [base.mark_point(filled=True, size=40, opacity=0.7).encode(
@@ -410,25 +440,32 @@ def _panel(data, marks, col, height, frontier, *, xenc, shape, tooltip, at_rate,
 
 
 READOUT_LINE_PX = 15
+PANEL_PADDING_PX = 12  # room above and below the runs: the chosen point (size 260, radius 9 px) stays inside
+
+
+READOUT_SHOWN, READOUT_OTHER = "#333333", "#8a8a8a"  # the selected rate's line, and the other rates' lines
 
 
 def _readout(data, at_seqs: str, at_tok: str, at_rate: str, every: int, x: str, y: str, y2: str):
-    """Lines above the chart: the chosen pair, then its numbers at the selected rate (a line per rate with every
-    load), durations read by :func:`batchlab.viz.duration_text`; a refused pair says so instead."""
+    """Lines above the chart: the chosen pair, then its numbers at every rate, a line per rate, the selected
+    rate's dark and the others grey (all dark with every load), durations read by
+    :func:`duration_expr`; a refused pair says so instead. Every line is always drawn, so the
+    readout's height is the same whatever the selection, with no blank lines."""
     name, name2 = viz.title(y).split(" (")[0], viz.title(y2).split(" (")[0]
     pair = alt.Chart(data).transform_filter(f"{at_seqs} && {at_tok} && datum.rate_i == 0").transform_calculate(
         label="format(datum.max_num_seqs, ',') + ' sequences, ' + format(datum.max_num_batched_tokens, ',')"
               " + ' tokens'").mark_text(align="left", baseline="top", fontSize=12, fontWeight="bold",
                                         color="#333333").encode(x=alt.value(0), y=alt.value(0), text="label:N")
-    shown = f"(datum.vllm_refuses ? datum.rate_i == 0 : {at_rate})"  # a refused pair: one line, whatever the rate
+    shown = "(datum.vllm_refuses ? datum.rate_i == 0 : true)"  # a refused pair: one line, whatever the rate
     lines = alt.Chart(data).transform_filter(f"{at_seqs} && {at_tok} && {shown}").transform_calculate(
-        y_text=viz.duration_text(y), y2_text=viz.duration_text(y2),
-        line_y=f"(rate_i == {every} && !datum.vllm_refuses ? datum.rate_i : 0) * {READOUT_LINE_PX}"
-               f" + {READOUT_LINE_PX + 3}",
+        y_text=duration_expr(y), y2_text=duration_expr(y2),
+        line_y=f"(datum.vllm_refuses ? 0 : datum.rate_i) * {READOUT_LINE_PX} + {READOUT_LINE_PX + 3}",
         label=f"datum.vllm_refuses ? 'refused by vLLM: fewer tokens than sequences' : format(datum.rate_req_s,"
               f" '.1f') + ' req/s: ' + format(datum['{x}'], ',.0f') + ' tok/s, {name} ' + datum.y_text + ', "
-              f"{name2} ' + datum.y2_text").mark_text(align="left", baseline="top", fontSize=11, color="#333333") \
-        .encode(x=alt.value(0), y=alt.Y("line_y:Q", scale=None), text="label:N")
+              f"{name2} ' + datum.y2_text").mark_text(align="left", baseline="top", fontSize=11) \
+        .encode(x=alt.value(0), y=alt.Y("line_y:Q", scale=None), text="label:N",
+                color=alt.when(f"datum.vllm_refuses || {at_rate}").then(alt.value(READOUT_SHOWN)).otherwise(
+                    alt.value(READOUT_OTHER)))
     height = READOUT_LINE_PX * (every + 1) + 4
     return alt.layer(pair, lines).properties(width=TWO_KNOB_WIDTH, height=height)
 
@@ -441,10 +478,12 @@ def _grid_panel(data, marks, shape, at_rate: str, at_pair: str, trail):
                  axis=alt.Axis(labelAngle=-45, labelExpr=thousands))
     yenc = alt.Y("max_num_seqs:O", title="max_num_seqs (sequences)", sort="descending",
                  axis=alt.Axis(labelExpr=thousands))
-    tooltip = [viz.tip("max_num_seqs", "max_num_seqs (sequences)", ","),
+    tooltip = [viz.tip("rate_req_s", "request rate (req/s)", ".1f"),
+               viz.tip("max_num_seqs", "max_num_seqs (sequences)", ","),
                viz.tip("max_num_batched_tokens", "max_num_batched_tokens (tokens)", ","),
-               viz.tip("kind", "pair", kind="N"), viz.tip("frontier", "on the frontier", kind="N")]
-    base = alt.Chart(data).transform_filter(at_rate).encode(x=xenc, y=yenc)
+               viz.tip("kind", "pair", kind="N"), viz.tip("on_frontier", "on the frontier", kind="N")]
+    base = alt.Chart(data).transform_filter(at_rate).transform_calculate(
+        on_frontier="datum.frontier ? 'yes' : 'no'").encode(x=xenc, y=yenc)
     dots = base.mark_point(filled=True, size=45).encode(
         shape=shape, tooltip=tooltip, order=alt.Order("front:Q"),
         color=alt.when("datum.frontier").then(alt.value("black")).when("datum.vllm_refuses").then(

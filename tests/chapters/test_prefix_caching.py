@@ -202,7 +202,7 @@ def test_pool_chart_spec(small_sweep):
 
 def test_gain_and_other_tables(small_sweep):
     shown = chapter.gain_table(small_sweep[small_sweep["default_pool"]]).data
-    assert shown.columns.tolist() == ["workload", "prefix caching", "hit rate", "median TTFT (ms)", "P99 TTFT (ms)",
+    assert shown.columns.tolist() == ["workload", "prefix caching", "hit rate", "median TTFT (ms)", "p99 TTFT (ms)",
                                       "GPU busy"]
     assert shown["prefix caching"].tolist() == ["off", "on"] * 2  # each workload off, then on
     assert shown["workload"].tolist() == ["shared system prompts"] * 2 + ["multi-turn chats"] * 2
@@ -228,7 +228,7 @@ def test_budget_chart_spec_puts_the_budget_on_the_axis():
     assert all(x["axis"]["values"] == [512, 2048, 4096, 8192] and x["axis"]["format"] == "," for x in xs)
     assert {p["encoding"]["y"]["field"] for p in spec["hconcat"]} == {"p99_itl_ms", "p99_ttft_ms"}
     assert {p["encoding"]["y"]["scale"]["type"] for p in spec["hconcat"]} == {"log"}
-    assert {"P99 time to first token (ms, log scale)", "P99 inter-token latency (ms, log scale)"} <= set(
+    assert {"p99 time to first token (ms, log scale)", "p99 inter-token latency (ms, log scale)"} <= set(
         axis_titles(spec))
     assert_tooltips_in_words(spec)
 

@@ -153,12 +153,14 @@ def test_tables_name_no_pick_where_none_holds(tuned):
     _, picks = tuned
     none = picks.assign(holds_any=False)
     html = chapter.picks_table(none, SLO_NAMES, WORKLOADS).to_html()
-    assert "none holds the SLO" in html and "pick: goodput (req/s)" in html and "served (req/s)" in html
+    assert "none holds the SLO" in html and "goodput (req/s): pick / vLLM default, of served" in html
+    assert f"– / {none['default_goodput'].iloc[0]:.1f} of {none['served_req_s'].iloc[0]:.1f}" in html  # no pick's
     held = picks.assign(holds_any=True, best_max_num_seqs=1024, best_max_num_batched_tokens=8192)
     assert "1,024 / 8,192 (vLLM default)" in chapter.picks_table(held, SLO_NAMES, WORKLOADS).to_html()
     rates = none.assign(best_max_rate_req_s=0.0, default_max_rate_req_s=12.34, rate_ratio=np.nan)
     html = chapter.headroom_table(rates, SLO_NAMES, WORKLOADS).to_html()
-    assert "none" in html and "12.3" in html and "largest rate (req/s)" in html and "(most goodput)" in html
+    assert "no rate / 12.3" in html and "largest rate (req/s): pick / vLLM default" in html and "(most goodput)" in html
+    assert "SLO load" in chapter.picks_table(held, SLO_NAMES, WORKLOADS).to_html() and "p99 / bound" not in html
 
 
 def test_readout_says_when_no_setting_holds(tuned):
@@ -176,6 +178,11 @@ def test_readout_says_when_no_setting_holds(tuned):
     assert label.startswith("no setting holds this SLO's p99s") and "pick" not in label and "×" not in label
     for text in (chapter.readout_label(same), label):
         assert all(len(line) <= 60 for line in text.split("\n"))  # fits a phone's column
+        # goodput and what was served read to the same precision, so the one never reads above the other
+        numbers = text.split("\n")[1].replace(" req/s", "").replace(";", "").split()
+        assert [n for n in numbers if "." in n] == [f"{v:.2f}" for v in (
+            none["top_goodput"] if text == label else same["best_goodput"], same["default_goodput"],
+            same["served_req_s"])]
 
 
 def test_goodput_map_chart_spec(tuned):
@@ -199,8 +206,33 @@ def test_goodput_map_chart_spec(tuned):
     readout = [d for ds in spec["datasets"].values() for d in ds if "label" in d]
     assert len(readout) == 4 and all("vLLM default" in d["label"] for d in readout)
     tips = [t for ts in walk(spec, "tooltip") if isinstance(ts, list) for t in ts]
-    assert {"slo_load", "p99_longest_itl_ms", "share_within"} <= {t["field"] for t in tips}
+    assert {"slo_load", "p99_longest_itl_ms", "share_within", "ttft_text"} <= {t["field"] for t in tips}
+    ttft = [np.nan if d["p99_ttft_ms"] is None else d["p99_ttft_ms"] for d in cells]
+    assert [d["ttft_text"] for d in cells] == [two_knobs.format_ms(v) for v in ttft]  # seconds past a second
     assert all(t.get("title") for t in tips)
+
+
+def _pick_legends(spec):
+    """The legends of the map's pick layer: the shape encodings whose scale's domain is the pick alone."""
+    shapes = [e for e in walk(spec, "shape") if isinstance(e, dict) and "scale" in e]
+    return [e["legend"] for e in shapes if e["scale"].get("domain") == [chapter.MAP_KINDS[0]]]
+
+
+def test_the_pick_legend_shows_only_where_a_pick_is_drawn(tuned):
+    """The map's legend names the tuner's pick only at a selection that has one: its own legend, whose symbol and
+    label are drawn under an expression of the buttons that is true exactly at the selections with a pick."""
+    grid, picks = tuned
+    picks = picks.assign(holds_any=[True, False] * (len(picks) // 2))
+    (legend,) = _pick_legends(chapter.goodput_map_chart(grid, picks, WORKLOADS, SLO_NAMES, LOADS).to_dict())
+    expr = legend["symbolOpacity"]["expr"]
+    assert legend["labelExpr"].startswith(expr.split(" ? ")[0])
+    rows = chapter._indices(picks, list(WORKLOADS), list(SLO_NAMES), list(LOADS))
+    for r in rows.itertuples(index=False):  # the expression, read back: a key per selection with a pick
+        key = f"'{r.workload_i},{r.slo_i},{r.load_i}'"
+        assert (key in expr) == r.holds_any, (key, expr)
+    others = [e for e in walk(chapter.goodput_map_chart(grid, picks, WORKLOADS, SLO_NAMES, LOADS).to_dict(), "shape")
+              if isinstance(e, dict) and e.get("scale", {}).get("domain") == list(chapter.MAP_KINDS[1:])]
+    assert others and "symbolOpacity" not in others[0]["legend"]  # the default and refused pairs: always shown
 
 
 def test_goodput_map_marks_no_pick_where_no_pair_holds(tuned):

@@ -1,6 +1,6 @@
 """Chapter 9's goodput map in a real browser: its three radio rows select one scene, SLO and load; under the stall
 bound at 95 % of capacity the readout names the tuner's pick of the facts; on the code scene it says that no
-setting holds the SLO and the map marks no pick.
+setting holds the SLO, and the map marks no pick and its legend names none.
 
 Needs the built book (``make book``, or ``scripts/build_pages.py notebooks/09_tuning`` with
 ``BATCHLAB_BOOK_HTML``) and Debian's Chromium; fixtures ``site`` and ``browser`` are in ``tests/conftest.py``.
@@ -43,7 +43,11 @@ _LINES_JS = """el => [...el.querySelectorAll('svg text')].flatMap(t => t.querySe
 
 def _readout(chart) -> list[str]:
     lines = chart.evaluate(_LINES_JS)
-    return [t for t in lines if t.startswith(("pick:", "goodput ", "no setting", "top goodput"))]
+    return [t for t in lines if t.startswith(("pick:", "goodput ", "no setting", "best goodput"))]
+
+
+# The legend's labels, as drawn: a hidden label is drawn empty.
+_LEGEND_JS = """el => [...el.querySelectorAll('g.role-legend-label text')].map(t => t.textContent)"""
 
 
 def test_the_stall_bound_at_the_near_load_reads_the_pick_of_the_facts(page):
@@ -55,10 +59,11 @@ def test_the_stall_bound_at_the_near_load_reads_the_pick_of_the_facts(page):
     seqs, tokens = facts.value("tuning_itl_pick_max_num_seqs"), facts.value("tuning_itl_pick_max_num_batched_tokens")
     assert pick == f"pick: {seqs:,} sequences, {tokens:,} tokens"
     assert goodput == (f"goodput {facts.value('tuning_itl_pick_goodput_req_s'):.2f} req/s; vLLM default "
-                       f"{facts.value('tuning_itl_default_goodput_req_s'):.2f} of its "
-                       f"{facts.value('tuning_served_req_s'):.1f}")
+                       f"{facts.value('tuning_itl_default_goodput_req_s'):.2f} of "
+                       f"{facts.value('tuning_served_req_s'):.2f} served")
     labels = chart.evaluate(_MARKS_JS)
     assert sum("tuner's pick" in x for x in labels) == 1 and sum("vLLM default" in x for x in labels) == 1
+    assert "tuner's pick" in chart.evaluate(_LEGEND_JS)
 
 
 def test_the_code_scene_names_no_pick(page):
@@ -67,8 +72,10 @@ def test_the_code_scene_names_no_pick(page):
         _pick(page, chart, "workload_i", chapter.WORKLOADS["azure-code-2023"])
         _pick(page, chart, "slo_i", chapter.slo_label(bl.parse_goodput(slo)))
         first, second = _readout(chart)
-        assert first.startswith("no setting holds this SLO's p99s") and second.startswith("top goodput ")
+        assert first.startswith("no setting holds this SLO's p99s") and second.startswith("best goodput ")
+        legend = chart.evaluate(_LEGEND_JS)  # no pick drawn, none named: the default and refused pairs stay
+        assert "tuner's pick" not in legend and {"vLLM default", "refused by vLLM"} <= set(legend)
         labels = chart.evaluate(_MARKS_JS)
         assert not any("tuner's pick" in label for label in labels) and any("vLLM default" in x for x in labels)
     _pick(page, chart, "workload_i", chapter.WORKLOADS["azure-conv-2023"])  # and back: a pick again
-    assert _readout(chart)[0].startswith("pick: ")
+    assert _readout(chart)[0].startswith("pick: ") and "tuner's pick" in chart.evaluate(_LEGEND_JS)

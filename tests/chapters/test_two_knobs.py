@@ -180,7 +180,8 @@ def test_latency_axes_are_log_in_ms_and_s_over_a_fixed_throughput_axis(df):
         assert y["axis"]["labelExpr"] == chapter.DURATION_LABEL
         x = panel["layer"][0]["encoding"]["x"]
         accepted = df.loc[~df["vllm_refuses"], X]
-        assert x["scale"]["domain"] == [pytest.approx(accepted.min() * 0.95), pytest.approx(accepted.max() * 1.03)]
+        assert x["scale"]["domain"] == [pytest.approx(accepted.min() * 0.95, rel=1e-3),  # tok/s as shown, whole
+                                        pytest.approx(accepted.max() * 1.03, rel=1e-3)]
     assert top["layer"][0]["encoding"]["y"]["title"] == "p99 TTFT (log scale)"
     assert top["layer"][0]["encoding"]["x"]["title"] == "output throughput (tok/s)"
     rows = max(spec["datasets"].values(), key=len)
@@ -192,17 +193,33 @@ def test_readout_reads_durations_as_a_reader_writes_them(df):
     readout = spec["vconcat"][0]
     assert [layer["mark"]["type"] for layer in readout["layer"]] == ["text", "text"]
     calc = {c["as"]: c["calculate"] for c in readout["layer"][1]["transform"] if "calculate" in c}
-    assert calc["y_text"] == bl.viz.duration_text(Y) and calc["y2_text"] == bl.viz.duration_text("p99_itl_ms")
+    assert calc["y_text"] == chapter.duration_expr(Y) and calc["y2_text"] == chapter.duration_expr("p99_itl_ms")
     assert "datum.y_text" in calc["label"] and "datum.rate_req_s" in calc["label"]
     refusal = calc["label"].split("? '")[1].split("'")[0]
     assert refusal.startswith("refused by vLLM") and len(refusal) < 50  # fits a phone's column
-    assert "rate_i == 2" in calc["line_y"]  # every load: one line per rate
+    assert "datum.rate_i" in calc["line_y"] and "rate_i ==" not in calc["line_y"]  # a line per rate, always
+    color = readout["layer"][1]["encoding"]["color"]  # the selected rate's line dark, the others grey
+    (shown,) = color["condition"]
+    assert color["value"] == chapter.READOUT_OTHER and shown["value"] == chapter.READOUT_SHOWN
+    assert "rate_i == 2" in shown["test"]  # every load: every line dark
+
+
+def test_chart_data_round_once_to_what_the_readout_prints():
+    """The chart's durations are rounded once, to the digits the readout prints, so it reads as the table does
+    (249.496 ms: "249 ms" in both, not 249.5 then "250 ms"), and seconds from one second on, as the tables."""
+    got = chapter.display_round_ms([249.496354, 8987.2, 10964.39, 468317.0, np.nan])
+    assert got[:4].tolist() == [249.0, 9000.0, 11000.0, 468000.0] and np.isnan(got[4])
+    assert [chapter.format_ms(v) for v in got[:4]] == [chapter.format_ms(v) for v in (249.496354, 8987.2, 10964.39,
+                                                                                          468317.0)]
+    expr = chapter.duration_expr("v")
+    assert "< 1000" in expr and "< 60000" in expr and "10000" not in expr  # format_ms's thresholds
 
 
 def test_tooltips_are_titled_in_words_with_units(df):
     spec = chapter.two_knobs_chart(df, DEFAULTS).to_dict()
     tips = [t for tips in walk(spec, "tooltip") if isinstance(tips, list) for t in tips]
     assert tips and all(isinstance(t, dict) and t.get("title") for t in tips)
+    assert "frontier" not in {t["field"] for t in tips}  # a yes or a no, not a raw boolean
     titles = {t["field"]: t["title"] for t in tips}
     assert titles["y_text"] == "p99 TTFT" and titles["p99_tpot_ms"] == "p99 TPOT (ms)"
     assert titles["max_num_seqs"] == "max_num_seqs (sequences)"
@@ -271,6 +288,8 @@ def test_tables_read_in_units():
                        "p99_ttft_ms": [468317.0, 422.0], "itl_ratio": [1.95, 1.0]})
     runs = chapter.runs_table(df, {"rate_req_s": "rate (req/s)", "load": "load", "max_num_seqs": "max_num_seqs",
                                    "p99_ttft_ms": "p99 TTFT", "itl_ratio": "p99 ITL, default / pick"}).to_html()
+    assert "422\u00a0ms" in runs  # a value and its unit stay on one line
+    runs = runs.replace("\u00a0", " ")
     assert "19.8" in runs and "95%" in runs and "468 s" in runs and "422 ms" in runs and "1,024" in runs
     assert "×1.9" in runs and "468317" not in runs
     gpus = chapter.vllm_defaults_style(chapter.vllm_defaults_table(["a100-80gb"]).set_index("gpu")).to_html()

@@ -1,4 +1,5 @@
-"""Chapter 8's chart in a real browser: the rate buttons show one rate's runs alone (or every load), the sliders
+"""Chapter 8's chart in a real browser: the rate buttons show one rate's runs alone (or every load) and darken
+its line of the readout, the sliders
 move the green point up and down at a rate below capacity, and the readout reads a queued run in seconds, as the
 sweep behind the page has it.
 
@@ -32,8 +33,11 @@ def _rate_buttons(chart):
     return chart.locator(".vega-bindings input[type=radio][name=rate_i]")
 
 
-def _readout(chart) -> list:
-    return [m.groups() for t in chart_texts(chart) if (m := LINE.fullmatch(t.strip()))]
+def _readout(chart, fill: str | None = None) -> list:
+    """The readout's lines per rate, parsed; with ``fill``, only the lines drawn in that colour."""
+    lines = chart.evaluate("el => [...el.querySelectorAll('svg text')]"
+                           ".map(t => [t.textContent, t.getAttribute('fill')])")
+    return [m.groups() for t, f in lines if (m := LINE.fullmatch(t.strip())) and fill in (None, f)]
 
 
 def test_picking_a_rate_shows_only_that_rates_points(page):
@@ -45,13 +49,17 @@ def test_picking_a_rate_shows_only_that_rates_points(page):
     everything = chart.evaluate(_FILLS_JS, "first")  # the top panel's runs, every load
     assert set(everything) == set(chapter.RATE_COLORS[:len(rates)])
     assert [r for r, *_ in _readout(chart)] == [f"{r:.1f}" for r in rates]  # a line per rate
+    assert len(_readout(chart, chapter.READOUT_SHOWN)) == len(rates)  # every load: every line dark
     for i, rate in enumerate(rates):
         redrawn(page, chart, lambda i=i: buttons.nth(i).check())
         for group in ("first", "concat_2_layer_0"):  # TTFT and ITL panels
             fills = chart.evaluate(_FILLS_JS, group)
             assert set(fills) == {chapter.RATE_COLORS[i]}, (rate, group, set(fills))
             assert len(fills) == len(everything) // len(rates)  # that rate's runs, all of them
-        assert [r for r, *_ in _readout(chart)] == [f"{rate:.1f}"]  # one line, this rate's
+        # every rate keeps its line, so the readout never changes height; the selected rate's alone is dark
+        assert [r for r, *_ in _readout(chart)] == [f"{r:.1f}" for r in rates]
+        assert [r for r, *_ in _readout(chart, chapter.READOUT_SHOWN)] == [f"{rate:.1f}"]
+        assert len(_readout(chart, chapter.READOUT_OTHER)) == len(rates) - 1
 
 
 def test_sliders_move_the_green_point_only_up_and_down_below_capacity(page):
@@ -73,7 +81,7 @@ def test_readout_reads_a_queued_run_in_seconds(page):
     seqs = chart.locator(".vega-bindings input[type=range][name=seqs_i]")
     redrawn(page, chart, lambda: set_range(seqs, 0))
     assert seqs.locator("xpath=following-sibling::*[1]").inner_text() == f"{chapter.MAX_NUM_SEQS[0]:,}"
-    (rate, _, ttft, unit, _, itl_unit), = _readout(chart)
+    (rate, _, ttft, unit, _, itl_unit), = _readout(chart, chapter.READOUT_SHOWN)
     df = chapter.conv_sweep()
     at = df[(df["rate_req_s"] == float(rate)) & (df["max_num_seqs"] == chapter.MAX_NUM_SEQS[0])
             & (df["max_num_batched_tokens"] == 8192)].iloc[0]
