@@ -273,12 +273,17 @@ def routing_display(table: pd.DataFrame):
 
 
 def winners_display(table: pd.DataFrame):
-    """:func:`winners` for the page. Used in chapter 11."""
-    return viz.display_table(table, {
+    """:func:`winners` for the page: per workload and SLO, which kind wins, the winning configuration ("either"
+    for a tie), the best colocated goodput per GPU and the best split's, with which split it was. Used in
+    chapter 11."""
+    shown = table.assign(
+        winner=np.where(table["kind"] == "tie", f"either (within {TIE_TOLERANCE:.0%})", table["winner"]),
+        split_text=[f"{g:.2f} ({c})" for g, c in zip(table["best_split"], table["best_split_config"])])
+    return viz.display_table(shown, {
         "workload": ("workload", "{}"), "slo_label": ("SLO (90 % of requests)", "{}"), "kind": ("wins", "{}"),
         "winner": ("configuration", "{}"),
         "best_colocated": ("best colocated (req/s per GPU)", "{:.2f}"),
-        "best_split": ("best split (req/s per GPU)", "{:.2f}"), "best_split_config": ("best split", "{}")})
+        "split_text": ("best split (req/s per GPU)", "{}")})
 
 
 # -- facts other pages glue (batchlab.chapters.facts), from the chapter's own setting ---------------------------

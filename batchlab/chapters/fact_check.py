@@ -141,7 +141,8 @@ def tradeoff_chart(trade: pd.DataFrame, width: int = 420, height: int = 260):
                                labels=viz.grid_labels(trade, "log2_tokens", "max_num_batched_tokens"))
     ms = trade.assign(ttft_ms=trade["ttft_s"] * 1e3, itl_max_ms=trade["itl_max_s"] * 1e3)
     thousands = alt.Axis(format=",.0f")
-    x = alt.X("ttft_ms:Q", title="newcomer's TTFT (ms)", scale=alt.Scale(zero=False), axis=thousands)
+    x = alt.X("ttft_ms:Q", title="newcomer's TTFT (ms)", scale=alt.Scale(zero=False),
+              axis=alt.Axis(format=",.0f", tickCount=5))  # every 100 ms: at 400 px, 50 ms apart they crowd
     top = float(trade["itl_max_s"].max() * 1e3 * 1.15)  # room above the tallest point for its label
     y = alt.Y("itl_max_ms:Q", title="tallest decoder gap (ms)", scale=alt.Scale(domain=[0, top], nice=True),
               axis=thousands)
@@ -186,7 +187,13 @@ def styled_verdicts(table: pd.DataFrame):
             .set_properties(**{"text-align": "left", "vertical-align": "top", "padding": "0.35em 0.6em"})
             .set_table_styles([{"selector": "th",
                                 "props": "text-align: left; padding: 0.35em 0.6em; border-bottom: 2px solid #888"},
-                               {"selector": "td", "props": "border-bottom: 1px solid #ddd"}]))
+                               {"selector": "td", "props": "border-bottom: 1px solid #ddd"},
+                               {"selector": "td.col1, td.col2", "props": "overflow-wrap: anywhere"},  # code names
+                               # the column's width shared out: the claim's number narrow, the numbers a verdict
+                               # rests on (the longest text) widest; a phone stacks the rows and ignores this
+                               {"selector": "", "props": "width: 100%; table-layout: fixed"},
+                               *({"selector": f"th.col{i}", "props": f"width: {w}%"}
+                                 for i, w in enumerate((6, 22, 24, 15, 33)))]))
 
 
 def defaults_view(defaults: pd.DataFrame):

@@ -49,7 +49,7 @@ EFFICIENCY_NAMES = {
     "eta_memory": ("share of HBM bandwidth", 1.0),
     "eta_attn": ("attention share of peak FLOP/s", 1.0),
     "eta_elementwise": ("elementwise share of HBM bandwidth", 1.0),
-    "overhead_s": ("GPU's fixed cost per step (ms)", 1e3),
+    "overhead_s": ("GPU's kernel floors per step (ms)", 1e3),
     "allreduce_latency_s": ("all-reduce latency (ms)", 1e3),
 }
 

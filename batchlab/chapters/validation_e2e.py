@@ -41,6 +41,7 @@ def _band_lines(points: pd.DataFrame, keys: list, span_by: str, band: float) -> 
 E2E_METRICS = {"ttft": "time to first token (ms)", "tpot": "time per output token (ms)",
                "e2e": "end-to-end latency (s)"}  # each panel's title, in the unit its axes read
 E2E_SCALE = {"ttft": 1.0, "tpot": 1.0, "e2e": 1e-3}  # from ms to the panel's unit
+E2E_UNITS = {"ttft": "ms", "tpot": "ms", "e2e": "s"}  # the panel's unit, as the tooltips write it
 E2E_SETS = {"inference-perf": "open loop (inference-perf)", "aiconfigurator": "closed loop (AIConfigurator)",
             "all": "all runs"}
 SET_COLORS = {E2E_SETS["inference-perf"]: viz.PALETTE[0], E2E_SETS["aiconfigurator"]: viz.PALETTE[1]}
@@ -69,7 +70,8 @@ def e2e_parity_frame(table: pd.DataFrame, band: float = 0.15) -> pd.DataFrame:
     y = (1 +- ``band``) x per metric panel. ``table`` is :func:`batchlab.validate.replay_all`. Used in chapter 13.
 
     ``measured`` and ``predicted`` are in the panel's unit (:data:`E2E_METRICS`: ms, seconds for end-to-end
-    latency); ``run`` names the run in words (:func:`run_text`), ``source`` its set (:data:`E2E_SETS`).
+    latency); ``run`` names the run in words (:func:`run_text`), ``source`` its set (:data:`E2E_SETS`);
+    ``measured_text`` and ``predicted_text`` are the two values with their unit, for the tooltips.
     """
     used = table[table["representable"].astype(bool) & (table["status"] == "ok")]
     runs = calibration_runs().set_index("run_id")
@@ -84,6 +86,9 @@ def e2e_parity_frame(table: pd.DataFrame, band: float = 0.15) -> pd.DataFrame:
     out["panel"] = out["metric"].map(E2E_METRICS)
     for col in ("measured", "predicted", "rel_error"):
         out[col] = [float(f"{v:.4g}") for v in out[col]]
+    unit = out["metric"].map(E2E_UNITS)
+    for col in ("measured", "predicted"):
+        out[f"{col}_text"] = [f"{v:,.4g} {u}" if k == "run" else "" for v, u, k in zip(out[col], unit, out["kind"])]
     return out.drop(columns=["run_id"])
 
 
@@ -99,7 +104,7 @@ def e2e_parity_chart(table: pd.DataFrame, band: float = 0.15, size: int = 150):
         x=x, y=y, color=alt.Color("source:N", title=None, legend=alt.Legend(orient="top", labelLimit=0),
                                   scale=alt.Scale(domain=list(SET_COLORS), range=list(SET_COLORS.values()))),
         tooltip=[viz.tip("run", "run", kind="N"), viz.tip("panel", "metric (unit)", kind="N"),
-                 viz.tip("measured", "measured", ",.4~g"), viz.tip("predicted", "predicted", ",.4~g"),
+                 viz.tip("measured_text", "measured", kind="N"), viz.tip("predicted_text", "predicted", kind="N"),
                  viz.tip("rel_error", "error (predicted / measured - 1)", "+.1%")])
     lines = alt.Chart().transform_filter("datum.kind != 'run'").mark_line(color="#555555", strokeWidth=1).encode(
         x=x, y=y, detail="line:N", strokeDash=alt.StrokeDash("kind:N", title=None, legend=alt.Legend(orient="top"),
@@ -153,7 +158,8 @@ def e2e_headline(e2e: pd.DataFrame, errors: pd.DataFrame) -> dict:
     and per closed-loop model (``e2e_ttft_<model>``: the InferenceX Llama-3.1-70B rows, Qwen3-32B); the
     closed-loop TTFT ratio (predicted / measured) of Llama-3.1-70B at :data:`LLAMA70_MANY_CLIENTS` clients or
     more and of Qwen3-32B at :data:`QWEN_FEW_CLIENTS` or fewer; Qwen3-32B's TTFT shortfall there (measured minus
-    predicted, ms, median) for the prompts of :data:`QWEN_PROMPTS`; the Llama-3.1-8B FP8 rows' TPOT, and for the
+    predicted, ms, median) for the prompts of :data:`QWEN_PROMPTS`; the Llama-3.1-8B FP8 rows' TPOT and their
+    fewest and most GPUs (``e2e_8b_tp_lo``, ``e2e_8b_tp_hi``), and for the
     one of them that asks most of its GPUs, the share of their dense peak its prompts alone would need
     (:func:`prefill_share_needed`) with its clients, lengths and measured TPOT.
     """
@@ -196,6 +202,8 @@ def e2e_headline(e2e: pd.DataFrame, errors: pd.DataFrame) -> dict:
     out["qwen_gap_4k_ms"] = float(gap[low_qwen & (isl == QWEN_PROMPTS[1])].median())
     fp8_8b = e2e[(e2e["model"] == "llama-3.1-8b") & (e2e["metric"] == "tpot")]
     out["e2e_8b_tpot"], out["e2e_8b_runs"] = float(fp8_8b["rel_error"].median()), len(fp8_8b)
+    tp_8b = fp8_8b["run_id"].map(runs["tp"])
+    out["e2e_8b_tp_lo"], out["e2e_8b_tp_hi"] = (int(tp_8b.min()), int(tp_8b.max())) if len(tp_8b) else (0, 0)
     shares = {r: prefill_share_needed(runs.loc[r]) for r in fp8_8b["run_id"]}
     if shares:  # (a subset of the runs may have none of these rows)
         worst = runs.loc[max(shares, key=shares.get)]
@@ -317,22 +325,31 @@ def setup_frame(served: pd.DataFrame, book: pd.DataFrame) -> pd.DataFrame:
     return out.rename(columns={"prefix_cache_hit_rate": "hit_rate"})
 
 
+def _duration(ms: float, seconds: bool = False) -> str:
+    """A mean latency as the setup table writes it, with its unit: ms to one decimal below ten seconds, seconds
+    above (and always seconds for an end-to-end latency, ``seconds``), fewer decimals the larger it is."""
+    if not seconds and ms < 10_000:
+        return f"{ms:,.1f} ms"
+    s = ms / 1e3
+    return f"{s:,.2f} s" if s < 10 else f"{s:,.1f} s" if s < 100 else f"{s:,.0f} s"
+
+
 def setup_error_table(frame: pd.DataFrame, close: pd.DataFrame):
-    """:func:`setup_frame` as the page shows it (a ``Styler``): one row per run and metric, TTFT and TPOT in ms
-    and end-to-end latency in seconds, the error in %. Used in chapter 13."""
+    """:func:`setup_frame` as the page shows it (a ``Styler``): one row per run and metric, each time with its unit
+    (:func:`_duration`: ms, seconds past ten of them and for end-to-end latency), the error in %. Used in
+    chapter 13."""
     names = close.set_index("run_id")["load"]  # the setup is the same for all: the table beside it says which
-    unit = {"ttft": ("TTFT (ms)", 1.0, "{:,.1f}"), "tpot": ("TPOT (ms)", 1.0, "{:,.1f}"),
-            "e2e": ("end-to-end latency (s)", 1e-3, "{:,.2f}")}
+    metric_names = {"ttft": "TTFT", "tpot": "TPOT", "e2e": "E2E latency"}
     rows = []
     for r in frame.itertuples(index=False):
-        name, scale, fmt = unit[r.metric]
         late = " (overloaded: the client gave up)" if r.status != "ok" else ""
-        rows.append({"run": names[r.run_id] + late, "metric": name, "measured": fmt.format(r.measured_ms * scale),
-                     "predicted": fmt.format(r.predicted_ms * scale),
+        whole = r.metric == "e2e"
+        rows.append({"run": names[r.run_id] + late, "metric": metric_names[r.metric],
+                     "measured": _duration(r.measured_ms, whole), "predicted": _duration(r.predicted_ms, whole),
                      "error": "–" if np.isnan(r.rel_error) else f"{r.rel_error:+.1%}",
-                     "book": fmt.format(r.book_ms * scale) + (" (falls behind)" if r.book_overloaded else "")})
+                     "book": _duration(r.book_ms, whole) + (" (falls behind)" if r.book_overloaded else "")})
     return viz.display_table(pd.DataFrame(rows), {
-        "run": ("run (load, prompts)", str), "metric": ("metric", str), "measured": ("measured", str),
+        "run": ("run (load, prompts)", str), "metric": ("mean of", str), "measured": ("measured", str),
         "predicted": ("predicted, as served", str), "error": ("error", str),
         "book": ("predicted, the book's setup", str)})
 

@@ -18,7 +18,8 @@ from . import fact_check, facts, scenes, two_knobs
 
 HOLDS, CONDITIONAL, FAILS = "holds", "holds under stated conditions", "does not hold"
 CATEGORIES = (HOLDS, CONDITIONAL, FAILS)
-GPU_NAME = {"h100-sxm": "one H100 SXM", "h200": "one H200", "a100-80gb": "one A100 80GB"}
+GPU_NAME = {"h100-sxm": "one H100 SXM", "h100-pcie": "one H100 PCIe", "h200": "one H200",
+            "a100-80gb": "one A100 80GB"}
 SMALL, LARGE = "llama-3-8b", "llama-3-70b"  # the article's "8B model" and its "70 GB of weights" (70B in FP8)
 CONTEXTS = (1024, 4096)  # tokens of KV cache per sequence for the knee claim
 KV_CONTEXT_SMALL = 128  # a short context, at which the article's knee has already moved right
@@ -133,6 +134,12 @@ def claim_numbers(gpu: str = "h100-sxm") -> dict:
     return n
 
 
+def _gpus_text() -> str:
+    """Every GPU preset, as a reader lists them: "H100 SXM, H100 PCIe, H200 and A100 80GB"."""
+    names = [GPU_NAME.get(g, g).removeprefix("one ") for g in hardware_names()]
+    return ", ".join(names[:-1]) + " and " + names[-1]
+
+
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:,.0f} ms"
 
@@ -142,13 +149,14 @@ def _rows(n: dict, gpu: str) -> list:
     on, trade, w = GPU_NAME.get(gpu, gpu), n["trade"], n["wins"]
     lo, hi = trade.iloc[0], trade.iloc[-1]
     knee_ok = abs(n["ridge"] / ARTICLE["knee"] - 1) < 0.01
-    best = w.sort_values("p99_itl_ms").iloc[0] if len(w) else None
+    best = w.sort_values("p99_itl_ms", kind="stable").iloc[0] if len(w) else None  # best_pair()
     a, caps, f_lo, f_hi = n["attention"], n["caps"], n["fixed_small"], n["fixed_large"]
     return [
         ("knee", f"the decode knee of an 8B model sits near batch {ARTICLE['knee']}", f"Llama-3-8B BF16, {on}",
          HOLDS if knee_ok else FAILS, f"ridge point F / BW = {n['ridge']:.1f} sequences"),
-        ("kv_knee", "the KV cache drags that knee down", f"Llama-3-8B BF16, {on}, for the knee, where the step "
-         "stops being flat; the compute crossover the article's sentence defines moves the other way",
+        ("kv_knee", "the KV cache drags that knee down", f"Llama-3-8B BF16, {on}, for the knee, where a decode "
+         "step leaves its floor; not for the compute crossover, the article's own definition, which moves the "
+         "other way",
          CONDITIONAL if n["compute_knee_128"] > n["ridge"] > n[f"floor_knee_{CONTEXTS[0]}"] else
          FAILS if n["compute_knee_128"] > n["ridge"] else HOLDS,
          f"the knee falls to {n[f'floor_knee_{CONTEXTS[0]}']:.1f} sequences at {CONTEXTS[0]:,} tokens of context "
@@ -172,7 +180,7 @@ def _rows(n: dict, gpu: str) -> list:
          f"8B: {_ms(n['gap_small_s'])} calibrated ({ARTICLE['gap_ms']} ms would mean {n['mfu_small']:.0%} MFU); "
          f"70B FP8: at least {_ms(n['gap_large_s'])} at full FP8 peak ({n['mfu_large']:.0%} MFU needed)"),
         ("max_num_seqs", f"vLLM defaults max_num_seqs to {ARTICLE['seqs_small']:,} for small models and "
-         f"{ARTICLE['seqs_large']} for large ones", "any model, on H100 SXM, H200 and A100 80GB",
+         f"{ARTICLE['seqs_large']} for large ones", f"any model, on {_gpus_text()}",
          FAILS if n["n_disagree"] else HOLDS,
          f"the default follows the GPU: Llama-3-70B gets {n['seqs_large_here']:,} on {on}; the rule is wrong for "
          f"{n['n_disagree']} of {n['n_pairs']} GPU and model pairs"),
@@ -199,7 +207,7 @@ def _rows(n: dict, gpu: str) -> list:
          "overhead", f"Llama-3-8B BF16, {on}, with the budget at least max_num_seqs, as vLLM requires",
          CONDITIONAL if f_lo["fixed_share"] > 2 * f_hi["fixed_share"] else FAILS,
          f"vLLM refuses a budget below max_num_seqs; an {scenes.PROMPT_TOKENS:,}-token prompt takes "
-         f"{f_lo['steps']} steps at {f_lo['budget']} tokens, paying the fixed per-step cost (kernel floors and CPU) "
+         f"{f_lo['steps']} steps at {f_lo['budget']} tokens, paying the fixed step cost (kernel floors and CPU work) "
          f"{f_lo['steps']} times: {_ms(f_lo['fixed_s'])}, {f_lo['fixed_share']:.0%} of its prefill, against "
          f"{f_hi['fixed_share']:.0%} in {f_hi['steps']} step at {f_hi['budget']:,}"),
     ]
@@ -248,3 +256,35 @@ def _verdict_facts(claim_id: str):
 
 for _id in CLAIM_IDS:
     _verdict_facts(_id)
+
+
+# -- the pair of chapter 8's grid that beats vLLM's default on both tails (claim 7): facts chapter 14 glues --------
+def best_pair(gpu: str = "h100-sxm") -> pd.Series:
+    """Of the pairs that beat vLLM's default on p99 TTFT and p99 ITL at once (:func:`both_better`, at
+    :data:`NEAR` of capacity on chapter 8's trace), the one with the lowest p99 ITL; the row claim 7 quotes."""
+    return claim_numbers(gpu)["wins"].sort_values("p99_itl_ms", kind="stable").iloc[0]
+
+
+@facts.fact("chunking_win_max_num_seqs", scene="conv", unit="sequences", fmt=",", chapter="fact_check",
+            text="max_num_seqs of the pair that beats vLLM's default on p99 TTFT and p99 ITL at once with the "
+                 "lowest p99 ITL, near capacity on the conversation scene (claim 7)")
+def _win_seqs():
+    return int(best_pair()["max_num_seqs"])
+
+
+@facts.fact("chunking_win_max_num_batched_tokens", scene="conv", unit="tokens", fmt=",",
+            chapter="fact_check", text="max_num_batched_tokens of that pair (claim 7)")
+def _win_tokens():
+    return int(best_pair()["max_num_batched_tokens"])
+
+
+@facts.fact("chunking_win_p99_ttft_ms", scene="conv", unit="ms", fmt=",.0f", chapter="fact_check",
+            text="that pair's p99 TTFT near capacity on the conversation scene (claim 7)")
+def _win_ttft():
+    return float(best_pair()["p99_ttft_ms"])
+
+
+@facts.fact("chunking_win_p99_itl_ms", scene="conv", unit="ms", fmt=",.0f", chapter="fact_check",
+            text="that pair's p99 ITL near capacity on the conversation scene (claim 7)")
+def _win_itl():
+    return float(best_pair()["p99_itl_ms"])

@@ -94,6 +94,12 @@ def test_winners_and_chart(small_grid):
         assert row["kind"] == expected or (row["best_split"] == row["best_colocated"] == 0 and row["kind"] == "tie")
         if row["kind"] != "tie":
             assert cell.set_index("config").loc[row["winner"], "goodput_per_gpu"] == cell["goodput_per_gpu"].max()
+    shown = chapter.winners_display(win).data
+    assert list(shown.columns) == ["workload", "SLO (90 % of requests)", "wins", "configuration",
+                                   "best colocated (req/s per GPU)", "best split (req/s per GPU)"]
+    for (_, row), (_, out) in zip(win.iterrows(), shown.iterrows()):  # a tie names no winner; a split says which
+        assert out["configuration"] == ("either (within 5%)" if row["kind"] == "tie" else row["winner"])
+        assert out["best split (req/s per GPU)"] == f"{row['best_split']:.2f} ({row['best_split_config']})"
     spec = chapter.goodput_chart(table, slo=1).to_dict()
     binds = {p["name"]: p["bind"] for p in spec["params"]}
     assert binds["workload_pick"]["input"] == "radio" and binds["workload_pick"]["options"] == list(SMALL_RATES)

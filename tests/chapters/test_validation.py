@@ -15,6 +15,7 @@ import batchlab as bl
 from batchlab import calibrate, viz
 from batchlab._data import DATA_DIR
 from batchlab.chapters import validation as chapter
+from batchlab.chapters import validation_e2e
 
 
 @pytest.fixture(scope="module")
@@ -219,7 +220,7 @@ def test_error_table_is_narrow_with_units(frames):
 
 def test_efficiency_and_case_tables_name_what_they_show(frames, costs):
     table = chapter.efficiency_table(*costs).data.set_index("quantity")
-    assert table.loc["GPU's fixed cost per step (ms)", "starting"] == "1"  # 1 ms, shown in ms
+    assert table.loc["GPU's kernel floors per step (ms)", "starting"] == "1"  # 1 ms, shown in ms
     assert table.loc["elementwise share of HBM bandwidth", "starting"] == "none"
     assert not any("_" in name for name in table.index)
     cases, _ = frames
@@ -319,7 +320,11 @@ def test_e2e_chart_tooltips_are_words_with_units():
     spec = chapter.e2e_parity_chart(table).to_dict()
     tips = [t for e in walk(spec, "encoding") for t in e.get("tooltip", [])]
     assert tips and all(t.get("title") for t in tips)
-    assert {t["field"] for t in tips} == {"run", "panel", "measured", "predicted", "rel_error"}
+    assert {t["field"] for t in tips} == {"run", "panel", "measured_text", "predicted_text", "rel_error"}
+    frame = chapter.e2e_parity_frame(table)
+    runs = frame[frame["kind"] == "run"]
+    assert runs["measured_text"].str.endswith(" ms").sum() > 0  # each value with its panel's unit
+    assert (runs.loc[runs["metric"] == "e2e", "predicted_text"].str.endswith(" s")).all()
     axes = [e[c]["axis"]["labelExpr"] for e in walk(spec, "encoding") for c in ("x", "y") if c in e]
     assert axes and all(a == chapter.LOG_LABEL for a in axes)
 
@@ -387,7 +392,18 @@ def test_setup_tables_show_the_book_beside_the_runs(closest):
     assert row.loc["load", "the 4 closest measured runs"] == "4, 6, 8 and 20 req/s"
     errors = chapter.setup_error_table(frame, close).data
     assert len(errors) == len(frame) and (errors["error"] == "–").sum() == 3  # the overloaded stage, unscored
-    assert set(errors["metric"]) == {"TTFT (ms)", "TPOT (ms)", "end-to-end latency (s)"}
+    assert set(errors["mean of"]) == {"TTFT", "TPOT", "E2E latency"}
+    assert errors["measured"].str.endswith((" ms", " s")).all()  # every time says its unit
+    late = errors[(errors["error"] == "–") & (errors["mean of"] == "TTFT")]
+    assert late["measured"].str.endswith(" s").all()  # the overloaded stage's 107-second TTFT reads in seconds
+
+
+def test_duration_reads_ms_then_seconds():
+    assert validation_e2e._duration(27.14) == "27.1 ms"
+    assert validation_e2e._duration(9_999.0) == "9,999.0 ms"
+    assert validation_e2e._duration(106_644.7) == "107 s"
+    assert validation_e2e._duration(2_070.0, seconds=True) == "2.07 s"
+    assert validation_e2e._duration(16_060.0, seconds=True) == "16.1 s"
 
 
 def test_within_sentence_follows_the_numbers():

@@ -115,3 +115,24 @@ def test_the_disputed_verdicts_appear_in_every_chapter_that_discusses_them():
     texts = {n: "\n".join("".join(c["source"]) for c in _cells(n)) for n in VERDICT_CHAPTERS}
     for claim_id in ("gap", "cadence"):
         assert all(f"verdict_{claim_id}" in t for t in texts.values()), claim_id
+
+
+def test_the_defaults_verdict_names_every_gpu_preset(table):
+    import batchlab as bl
+    from batchlab import viz
+
+    scope = table.set_index("id").loc["max_num_seqs", "scope"]
+    assert all(viz.GPU_NAMES[g] in scope for g in bl.hardware_names()), scope  # the table beside it has them all
+
+
+def test_the_pair_that_beats_the_default_is_a_fact():
+    from batchlab.chapters import facts
+
+    best = chapter.best_pair()
+    wins = chapter.claim_numbers()["wins"]
+    assert best["p99_itl_ms"] == wins["p99_itl_ms"].min()
+    assert facts.value("chunking_win_max_num_seqs") == int(best["max_num_seqs"]) == 256
+    assert facts.value("chunking_win_max_num_batched_tokens") == int(best["max_num_batched_tokens"]) == 4096
+    assert facts.value("chunking_win_p99_itl_ms") == float(best["p99_itl_ms"])
+    assert facts.value("chunking_win_p99_ttft_ms") == float(best["p99_ttft_ms"]) < best["default_p99_ttft_ms"]
+    assert "(256, 4,096) beats the default" in chapter.claim_table().set_index("id").loc["chunking", "numbers"]
