@@ -141,19 +141,24 @@ def knee_table(costs: dict, contexts, hardware=("h100-sxm", "h200")) -> pd.DataF
 
 
 def knee_display(table: pd.DataFrame):
-    """:func:`knee_table` for the page: batch sizes in sequences, "none" where the limit does not exist.
+    """:func:`knee_table` for the page: batch sizes in sequences, "none" where the limit does not exist, and the
+    GPUs of each limit side by side in one cell ("295.3 / 206.1"), so the table has five columns and fits the
+    text column.
 
     Used in chapter 4.
     """
     def sequences(v):
         return "none" if np.isinf(v) else f"{v:,.1f}"
 
-    shown = {}
-    for prefix, what in (("knee_", "knee"), ("crossover_", "compute crossover")):
-        shown |= {c: (f"{what} on {gpu_name(c.removeprefix(prefix))} (sequences)", sequences)
-                  for c in table.columns if c.startswith(prefix)}
-    return viz.display_table(table, {"model": ("model", "{}"), "context": ("context (tokens)", "{:,d}"),
-                                     "b_kv": ("KV limit (sequences)", sequences)} | shown)
+    gpus = [c.removeprefix("knee_") for c in table.columns if c.startswith("knee_")]
+    names = " / ".join(gpu_name(g) for g in gpus)
+    shown = table.assign(**{f"{what}_all": [" / ".join(sequences(v) for v in row)
+                                            for row in table[[f"{what}_{g}" for g in gpus]].to_numpy()]
+                            for what in ("knee", "crossover")})
+    return viz.display_table(shown, {"model": ("model", "{}"), "context": ("context (tokens)", "{:,d}"),
+                                     "b_kv": ("KV limit (sequences)", sequences),
+                                     "knee_all": (f"knee on {names} (sequences)", "{}"),
+                                     "crossover_all": (f"compute crossover on {names} (sequences)", "{}")})
 
 
 def step_time_roofline_chart(curves: pd.DataFrame, knees: pd.DataFrame, batch: float = 64, context: float = 1024,
@@ -177,9 +182,11 @@ def step_time_roofline_chart(curves: pd.DataFrame, knees: pd.DataFrame, batch: f
     -------
     altair chart. Two sliders, labelled in sequences (parameter ``batch_step``, which holds ``batch_index``) and
     in tokens (``context_step``, holding ``context_index``), pick the batch and the context. Above each panel a
-    readout gives the step time at that pair, pure roofline and calibrated, in ms; in the panel a grey rule and
-    rings mark the batch on the curves, and a dashed rule, a dot and a label mark each curve's knee. Curves are
-    dotted and faded where the batch's KV cache would not fit in memory; every point of a curve has a tooltip.
+    readout gives, per cost model (pure roofline and calibrated), the step time at that pair in ms and the knee at
+    that context in sequences; in the panel a grey rule and rings mark the batch on the curves, and a dashed rule
+    and a dot mark each curve's knee (no text in the plot: the readout names the values, so no rule crosses a
+    label). Curves are dotted and faded where the batch's KV cache would not fit vLLM's KV pool
+    (:meth:`batchlab.CostModel.kv_pool_blocks`); every point of a curve and every knee dot has a tooltip.
     """
     b_start = curves.loc[(curves["batch"] - batch).abs().idxmin(), "batch_index"]
     c_start = knees.loc[(knees["context"] - context).abs().idxmin(), "context_index"]
@@ -202,7 +209,7 @@ def step_time_roofline_chart(curves: pd.DataFrame, knees: pd.DataFrame, batch: f
     columns = []
     for hw in curves["hardware"].unique():
         one, kn = data[data["hardware"] == hw].drop(columns="hardware"), marks[marks["hardware"] == hw]
-        columns.append(alt.vconcat(_readout(one, f"{at_batch} && {at_ctx}", gpu_name(hw), width),
+        columns.append(alt.vconcat(_readout(one, kn, at_batch, at_ctx, gpu_name(hw), width),
                                    _panel(one, kn, gpu_name(hw), at_batch, at_ctx, axes,
                                           width, height), spacing=2))
     return alt.hconcat(*columns, spacing=24).add_params(b_param, c_param)
@@ -210,63 +217,61 @@ def step_time_roofline_chart(curves: pd.DataFrame, knees: pd.DataFrame, batch: f
 
 def _chart_frames(curves: pd.DataFrame, knees: pd.DataFrame):
     """What :func:`step_time_roofline_chart` draws: times in ms (to 0.1 µs), whole numbers as integers (the data
-    is inlined in the page: kept light), and where each knee's label sits."""
+    is inlined in the page: kept light), and each knee's KV limit in words for its tooltip."""
     data = curves.assign(step_time_ms=(curves["step_time_s"] * 1e3).round(4)).drop(columns="step_time_s")
     data = data.astype(dict.fromkeys(("context", "context_index", "batch", "batch_index"), int))
-    top = np.log(curves["batch"].max())
-    spread = knees.groupby(["hardware", "context_index"])["knee"].transform(lambda k: k.max() - k.min())
-    marks = knees.assign(step_time_ms=knees["step_time_s"] * 1e3, label_px=np.where(knees["cost"] == "roofline", 4, 18),
-                         right=np.log(knees["knee"]) > 0.6 * top,  # label left of its rule near the right edge
-                         # where the two curves share their knee (B_kv is a ratio of bytes), one label says so
-                         label=np.where(spread > 0.05, "", np.where(knees["cost"] == "roofline", "both", "none")),
+    marks = knees.assign(step_time_ms=knees["step_time_s"] * 1e3,
                          kv_limit=[("none" if np.isinf(v) else f"{v:,.1f}") for v in knees["b_kv"]])
     return data, marks.drop(columns=["step_time_s", "b_kv"])
 
 
-def _readout(data: pd.DataFrame, chosen: str, gpu: str, width: int):
-    """The lines above a panel: the GPU, the chosen batch and context, the step time at them on each cost model,
-    and a note where their KV cache would not fit in memory."""
-    sel = alt.Chart(data).transform_filter(chosen)
-    where = ("'step time at ' + format(datum.batch, ',') + (datum.batch == 1 ? ' sequence' : ' sequences') + ' × '"
-             " + format(datum.context, ',') + ' tokens'")
+def _readout(data: pd.DataFrame, knees: pd.DataFrame, at_batch: str, at_ctx: str, gpu: str, width: int):
+    """The lines above a panel: the GPU; the chosen batch and context; per cost model (one column each, in its
+    colour) the step time there and the knee at that context; and a note where their KV cache would not fit
+    vLLM's KV pool."""
+    sel = alt.Chart(data).transform_filter(f"{at_batch} && {at_ctx}")
+    knee = alt.Chart(knees).transform_filter(at_ctx)
+    where = ("'step time at ' + format(datum.batch, ',') + (datum.batch == 1 ? ' sequence' : ' sequences') + "
+             "(datum.context == 0 ? ', no cache' : ' × ' + format(datum.context, ',') + ' tokens')")
     text = {"align": "left", "baseline": "top", "fontSize": 11}
     layers = [
         alt.Chart(pd.DataFrame({"text": [gpu]})).mark_text(**text, fontWeight="bold", color="#333333").encode(
             x=alt.value(0), y=alt.value(0), text="text:N"),
         sel.transform_filter("datum.cost == 'roofline'").transform_calculate(text=where).mark_text(
             **text, color="#333333").encode(x=alt.value(0), y=alt.value(15), text="text:N"),
-        *[sel.transform_filter(f"datum.cost == '{cost}'").transform_calculate(
-            text=f"'{cost} ' + format(datum.step_time_ms, {MS_TEXT}) + ' ms'").mark_text(
-            **text, fontWeight="bold", color=COST_COLORS[cost]).encode(x=alt.value(i * width / 2), y=alt.value(30),
-                                                                       text="text:N")
-          for i, cost in enumerate(COST_COLORS)],
-        sel.transform_filter("datum.cost == 'roofline' && !datum.kv_fits").mark_text(
-            **text, color="#777777").encode(x=alt.value(0), y=alt.value(45),
-                                            text=alt.value("their KV cache would not fit in memory")),
     ]
-    return alt.layer(*layers).properties(width=width, height=56)
+    for i, cost in enumerate(COST_COLORS):  # one column per cost model: its step time, then its knee
+        layers += [
+            sel.transform_filter(f"datum.cost == '{cost}'").transform_calculate(
+                text=f"'{cost} ' + format(datum.step_time_ms, {MS_TEXT}) + ' ms'").mark_text(
+                **text, fontWeight="bold", color=COST_COLORS[cost]).encode(
+                x=alt.value(i * width / 2), y=alt.value(30), text="text:N"),
+            knee.transform_filter(f"datum.cost == '{cost}'").transform_calculate(
+                text="'knee ' + format(datum.knee, ',.1f')").mark_text(  # sequences, as on the x axis
+                **text, color=COST_COLORS[cost]).encode(x=alt.value(i * width / 2), y=alt.value(45),
+                                                        text="text:N")]
+    layers.append(sel.transform_filter("datum.cost == 'roofline' && !datum.kv_fits").mark_text(
+        **text, color="#777777").encode(x=alt.value(0), y=alt.value(60),
+                                        text=alt.value("their KV cache would not fit vLLM's KV pool")))
+    return alt.layer(*layers).properties(width=width, height=72)
 
 
 def _panel(data: pd.DataFrame, knees: pd.DataFrame, gpu: str, at_batch: str, at_ctx: str, axes: dict, width: int,
            height: int):
     """One GPU's plot: the two curves at the chosen context, the chosen batch on them, and each curve's knee."""
     x, y, color = axes["x"], axes["y"], axes["color"]
-    words = {"gpu": f"'{gpu}'", "memory": "datum.kv_fits ? 'fits' : 'does not fit'"}
+    words = {"gpu": f"'{gpu}'", "memory": "datum.kv_fits ? 'fits' : 'does not fit'"}  # in vLLM's KV pool
     line = alt.Chart(data).transform_filter(at_ctx).transform_calculate(**words)
     here = line.transform_filter(at_batch)
     knee = alt.Chart(knees).transform_filter(at_ctx).transform_calculate(gpu=words["gpu"])
     kx = alt.X("knee:Q", title=viz.title("batch"))
     tips = [viz.tip("gpu", "GPU", kind="N"), viz.tip("cost", "cost model", kind="N"), viz.tip("batch", fmt=","),
             viz.tip("context", fmt=","), viz.tip("step_time_ms", fmt=",.3r"),
-            viz.tip("memory", "KV cache in memory", kind="N")]
+            viz.tip("memory", "KV cache in vLLM's KV pool", kind="N")]
     knee_tips = [viz.tip("gpu", "GPU", kind="N"), viz.tip("cost", "cost model", kind="N"),
                  viz.tip("context", fmt=","), viz.tip("knee", "knee (sequences)", fmt=",.1f"),
                  viz.tip("kv_limit", "KV limit (sequences)", kind="N"),
                  viz.tip("step_time_ms", "step time at the knee (ms)", fmt=",.3r")]
-    label = knee.transform_filter("datum.label != 'none'").transform_calculate(
-        text="'knee ' + format(datum.knee, ',.1f') + (datum.label == 'both' ? ', both curves' : '')")
-    label_y = alt.Y("label_px:Q", scale=None, axis=None)
-    label_color = alt.condition("datum.label == 'both'", alt.value("#333333"), color)
     return alt.layer(
         line.transform_filter("datum.kv_fits").mark_line().encode(x=x, y=y, color=color),
         line.mark_line(opacity=0.35, strokeDash=[2, 2]).encode(x=x, y=y, color=color),
@@ -275,10 +280,6 @@ def _panel(data: pd.DataFrame, knees: pd.DataFrame, gpu: str, at_batch: str, at_
         line.mark_point(size=90, opacity=0).encode(x=x, y=y, tooltip=tips),  # hover anywhere on a curve
         here.mark_point(size=110, filled=False, strokeWidth=2).encode(x=x, y=y, color=color, tooltip=tips),
         knee.mark_point(size=70, filled=True).encode(x=kx, y=y, color=color, tooltip=knee_tips),
-        label.transform_filter("!datum.right").mark_text(align="left", baseline="top", dx=4).encode(
-            x=kx, y=label_y, text="text:N", color=label_color),
-        label.transform_filter("datum.right").mark_text(align="right", baseline="top", dx=-4).encode(
-            x=kx, y=label_y, text="text:N", color=label_color),
     ).properties(width=width, height=height)
 
 

@@ -187,17 +187,31 @@ def test_drawn_knees_are_the_cost_models(frames):
     assert np.allclose(sorted(ms), sorted(curves["step_time_s"] * 1e3), rtol=1e-6, atol=1e-4)
 
 
-def test_one_knee_label_where_both_curves_share_the_knee(frames):
+def _mark(layer) -> str:
+    mark = layer.get("mark")
+    return mark["type"] if isinstance(mark, dict) else mark
+
+
+def test_readout_names_each_knee_and_the_plot_has_no_text(frames):
+    """The knees are read out above each panel, one per cost model in its colour, at the chosen context; inside
+    the plot only rules, lines and points (no label for a rule to cross)."""
     curves, knees = frames
     spec = chapter.step_time_roofline_chart(curves, knees).to_dict()
-    rows = [r for d in spec["datasets"].values() for r in d if "knee" in r]
-    for r in rows:
-        other = next(o for o in rows if o["hardware"] == r["hardware"] and o["context"] == r["context"]
-                     and o["cost"] != r["cost"])
-        shared = abs(r["knee"] - other["knee"]) < 0.05  # B_kv binds both: it is a ratio of bytes
-        assert r["label"] == ("" if not shared else "both" if r["cost"] == "roofline" else "none")
-    assert {r["label"] for r in rows if r["context"] == 0} == {""}  # the ridges differ: two labels
-    assert {r["label"] for r in rows if r["context"] == 16384} == {"both", "none"}
+    for column in spec["hconcat"]:
+        readout, panel = column["vconcat"]
+        assert "text" not in {_mark(layer) for layer in panel["layer"]}
+        knee_lines = [layer for layer in readout["layer"] if any(
+            "calculate" in t and "datum.knee" in t["calculate"] for t in layer.get("transform", []))]
+        assert len(knee_lines) == 2
+        for layer, cost in zip(knee_lines, ("roofline", "calibrated")):
+            filters = [t["filter"] for t in layer["transform"] if "filter" in t]
+            assert any("context_step" in f for f in filters) and f"datum.cost == '{cost}'" in filters
+            assert layer["mark"]["color"] == chapter.COST_COLORS[cost]
+        where = next(t["calculate"] for layer in readout["layer"] for t in layer.get("transform", [])
+                     if "calculate" in t and "step time at" in t["calculate"])
+        assert "', no cache'" in where  # context 0 reads "no cache", not "× 0 tokens"
+        note = [layer for layer in readout["layer"] if layer.get("encoding", {}).get("text", {}).get("value")]
+        assert [n["encoding"]["text"]["value"] for n in note] == ["their KV cache would not fit vLLM's KV pool"]
 
 
 def test_uneven_grid_gets_its_contexts_and_one_context_nothing_to_choose(frames):
@@ -235,9 +249,11 @@ def test_knee_display_names_gpus_and_marks_no_cache(cost8b):
     table = chapter.knee_table({"8B": cost8b}, [0, 1024])
     shown = chapter.knee_display(table)
     assert list(shown.data.columns) == ["model", "context (tokens)", "KV limit (sequences)",
-                                        "knee on H100 SXM (sequences)", "knee on H200 (sequences)",
-                                        "compute crossover on H100 SXM (sequences)",
-                                        "compute crossover on H200 (sequences)"]
+                                        "knee on H100 SXM / H200 (sequences)",
+                                        "compute crossover on H100 SXM / H200 (sequences)"]
     html = shown.to_html()
     assert "none" in html and "inf" not in html and "111.8" in html and "1,024" in html
+    rows = shown.data.set_index("context (tokens)")  # the two GPUs side by side, in the header's order
+    assert rows.loc[0, "knee on H100 SXM / H200 (sequences)"] == "295.3 / 206.1"
+    assert rows.loc[1024, "compute crossover on H100 SXM / H200 (sequences)"] == "none / none"
     assert chapter.gpu_name("h200") == "H200" and chapter.gpu_name("b200") == "b200"

@@ -1,5 +1,6 @@
 """Chapter 4's chart in a real browser: its batch slider moves the readout to the cost model's step time at that
-batch and context, and its context slider moves the knee marker to CostModel.knee.
+batch and context, its context slider moves the knee markers and the readout's knees to CostModel.knee, no rule
+of the chart crosses a text, and the page's display formulas fit a phone's column.
 
 Needs the built book (``make book``, or ``scripts/build_pages.py notebooks/04_step_time_roofline`` with
 ``BATCHLAB_BOOK_HTML``) and Debian's Chromium; fixtures ``site`` and ``browser`` are in ``tests/conftest.py``.
@@ -9,7 +10,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from bookpage import set_range
+from bookpage import Visit, set_range
 
 import batchlab as bl
 
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.browser
 PAGE = "notebooks/04_step_time_roofline"
 GPUS = {"H100 SXM": "h100-sxm", "H200": "h200"}  # the panels' headers -> hardware presets
 MODEL = "llama-3-8b"  # the page's model, BF16
-STEP = re.compile(r"step time at ([\d,]+) sequences? (?:× ([\d,]+) tokens|, no cache)")
+STEP = re.compile(r"step time at ([\d,]+) sequences?(?: × ([\d,]+) tokens|, no cache)")
 TIME = re.compile(r"(roofline|calibrated) ([\d,.]+) ms")
 KNEE = re.compile(r"knee ([\d,.]+)")
 
@@ -59,7 +60,7 @@ def _costs(hardware: str) -> dict:
 
 def panels(chart) -> dict:
     """GPU -> what its panel shows: ``batch`` and ``context`` of the readout, its step times in ms by cost
-    model, and its knee labels (value and left edge on the screen, px)."""
+    model, and its knees as the readout reads them (value and left edge on the screen, px; roofline first)."""
     out, gpu = {}, None
     for t in chart.evaluate(_TEXTS_JS):
         text = t["text"]
@@ -125,8 +126,65 @@ def test_context_slider_moves_the_knee_marker(page):
         costs = _costs("h100-sxm")
         for label, cm in costs.items():  # each curve's knee rule stands at CostModel.knee
             assert marked[label][0] == pytest.approx(cm.knee(h100["context"]), rel=1e-6), (label, marked)
-        want = sorted({round(cm.knee(h100["context"]), 1) for cm in costs.values()})
-        assert sorted(k for k, _ in h100["knees"]) == want, (h100, want)  # one label where both curves agree
+        want = [round(costs[label].knee(h100["context"]), 1) for label in ("roofline", "calibrated")]
+        assert [k for k, _ in h100["knees"]] == want, (h100, want)  # the readout's knees, one per cost model
         where[h100["context"]] = marked["roofline"][1]
     assert sorted(where) == [0, 16384]
     assert where[16384] < where[0] - 80  # from the ridge (295 sequences) to 7: the marker moved far to the left
+
+
+# Every vertical rule the chart draws as a mark (knees, the batch marker) and every text of the chart, with their
+# boxes on the screen: a rule that runs through a text makes it hard to read.
+_RULES_AND_TEXTS_JS = """el => ({
+  rules: [...el.querySelectorAll('g.mark-rule.role-mark line')].map(l => l.getBoundingClientRect())
+    .map(b => ({x: b.left + b.width / 2, top: b.top, bottom: b.bottom})),
+  texts: [...el.querySelectorAll('svg text')].filter(t => t.textContent.trim()).map(t => {
+    const b = t.getBoundingClientRect();
+    return {text: t.textContent.trim(), left: b.left, right: b.right, top: b.top, bottom: b.bottom};
+  })})"""
+
+
+def crossed(chart) -> list:
+    """(text, rule x) for every text of ``chart`` a rule runs through."""
+    found = chart.evaluate(_RULES_AND_TEXTS_JS)
+    return [(t["text"], round(r["x"])) for r in found["rules"] for t in found["texts"]
+            if t["left"] + 1 < r["x"] < t["right"] - 1 and r["top"] < t["bottom"] - 1 and t["top"] + 1 < r["bottom"]]
+
+
+@pytest.mark.parametrize("width", [1280, 400])
+def test_no_rule_crosses_a_text_at_any_slider_position(site, browser, width):
+    v = Visit(browser, f"{site}/{PAGE}.html", width=width)
+    try:
+        chart = v.chart(0)
+        batch, context = _slider(chart, "batch_step"), _slider(chart, "context_step")
+        lo, hi = int(float(batch.get_attribute("min"))), int(float(batch.get_attribute("max")))
+        clashes = []
+        for c in range(int(float(context.get_attribute("max"))) + 1):
+            _move(v, chart, context, c)
+            for b in (lo, (lo + hi) // 2, hi):
+                if batch.input_value() != str(b):
+                    _move(v, chart, batch, b)
+                clashes += [(c, b, *x) for x in crossed(chart)]
+        assert not clashes, f"at {width} px rules cross texts: {clashes[:6]}"
+    finally:
+        v.close()
+
+
+# Each display formula's typeset width against its box: the box scrolls sideways when the formula is wider.
+_FORMULAS_JS = """() => [...document.querySelectorAll('div.math')].map(d => {
+  const m = d.querySelector('mjx-container mjx-math');
+  return {tex: d.textContent.slice(0, 40), box: d.clientWidth, scroll: d.scrollWidth,
+          width: m ? m.getBoundingClientRect().width : -1};
+})"""
+
+
+def test_display_formulas_fit_a_phone(site, browser):
+    v = Visit(browser, f"{site}/{PAGE}.html", width=400)
+    try:
+        v.wait_math()
+        formulas = v.page.evaluate(_FORMULAS_JS)
+        assert len(formulas) >= 5
+        wide = [f for f in formulas if f["width"] > f["box"] + 1 or f["scroll"] > f["box"] + 1 or f["width"] <= 0]
+        assert not wide, f"display formulas wider than the column at 400 px: {wide}"
+    finally:
+        v.close()
