@@ -19,6 +19,8 @@ from ..workload import _rng
 from . import facts, scenes
 
 SPIKE_ORDERS = {"mixed step (Orca)": False, "prefill-only step (vLLM V0)": True}  # label -> prefill_only_steps
+N_BEHIND = 6  # short requests sent while the long prompt is being prefilled (the facts spike_behind_*)
+BEHIND_TOKENS = 256  # their prompt tokens
 
 
 class Spike(NamedTuple):
@@ -32,7 +34,8 @@ class Spike(NamedTuple):
 
 
 def prefill_spike(cost, *, n_decoders: int | None = None, context: int = scenes.CONTEXT,
-                  prompt_tokens: int = scenes.PROMPT_TOKENS, n_behind: int = 6, behind_tokens: int = 256,
+                  prompt_tokens: int = scenes.PROMPT_TOKENS, n_behind: int = N_BEHIND,
+                  behind_tokens: int = BEHIND_TOKENS,
                   prefill_only_steps: bool = False, lead_s: float = 0.2, tail_steps: int = 40, seed=0,
                   **knobs) -> Spike:
     """The shared scene with the long prompt joining unchunked (policy ``continuous``). Used in chapters 5 and 12.
@@ -139,34 +142,56 @@ def spike_scenarios(scenarios: dict, orders: dict = SPIKE_ORDERS, **kw):
 def admission_table(spike: Spike, before: int = 2, after: int = 2):
     """The iterations around the one that computes the long prompt, as the page shows them (a ``Styler``).
 
-    Used in chapter 5. Times in ms, the start counted from the first row shown; ``before`` and ``after`` rows
-    either side of the admitting iteration (``spike.summary["admit_step"]``).
+    Used in chapter 5. One row per iteration, ``before`` and ``after`` rows either side of the admitting one
+    (``spike.summary["admit_step"]``). Its start is in ms since the long prompt's client sent it, the zero of
+    the chart's time axis (negative: before the send; the engine sees the prompt ``request_latency_s`` after
+    it); its duration in ms; and a note saying what the iteration computes besides the decodes: nothing
+    ("decodes only"), the long prompt, or the short requests' prompts (how many, of how many tokens each).
     """
     at = spike.summary["admit_step"]
-    rows = spike.run.steps.iloc[max(at - before, 0): at + after + 1]
-    shown = rows.assign(start_ms=(rows["start_s"] - rows["start_s"].iloc[0]) * 1e3,
-                        duration_ms=rows["duration_s"] * 1e3,
-                        note=np.where(rows.index == at, "computes the long prompt", ""))
+    steps, req = spike.run.steps, spike.run.requests
+    n = int(spike.summary["n_decoders"])
+    long_tokens, sent = int(req["prompt_tokens"].iloc[n]), float(req["arrival_s"].iloc[n])
+    rows = steps.iloc[max(at - before, 0): at + after + 1]
+    short = req.iloc[n + 1:]
+    notes = []
+    for i, row in rows.iterrows():
+        if row["prefill_tokens"] == 0:
+            notes.append("decodes only")
+        elif i == at:
+            notes.append(f"the long prompt, all {long_tokens:,} tokens")
+        else:  # the short requests first scheduled in this iteration
+            end = row["start_s"] + row["duration_s"]
+            joined = short[(short["scheduled_s"] >= row["start_s"] - scenes._EPS_S)
+                           & (short["scheduled_s"] < end - scenes._EPS_S)]
+            sizes = sorted(set(joined["prompt_tokens"]))
+            each = f" of {sizes[0]:,} tokens" if len(sizes) == 1 else ""
+            notes.append(f"{len(joined)} short prompts{each}")
+    shown = rows.assign(start_ms=(rows["start_s"] - sent) * 1e3, duration_ms=rows["duration_s"] * 1e3, note=notes)
     count = "{:,.0f}".format
     return viz.display_table(shown, {
-        "start_ms": ("start (ms)", "{:.1f}".format), "duration_ms": ("duration (ms)", "{:.1f}".format),
-        "prefill_tokens": ("prompt tokens", count), "decode_seqs": ("decoding sequences", count),
-        "running": ("running", count), "bound": ("bound by", str), "note": ("", str)})
+        "start_ms": ("start (ms)", "{:,.1f}".format),  # since the long prompt's send
+        "duration_ms": ("duration (ms)", "{:.1f}".format), "prefill_tokens": ("prompt tokens", count),
+        "decode_seqs": ("decoding sequences", count), "running": ("running", count), "bound": ("bound by", str),
+        "note": ("besides the decodes", str)})
+
+
+SCENARIO_ROWS = {"cadence_s": "decode cadence", "itl_max_s": "longest gap", "admit_step_s": "admitting iteration",
+                 "prefill_s": "prefill alone", "ttft_s": "long prompt's TTFT",
+                 "behind_ttft_s": "short requests' TTFT (mean)",
+                 "behind_ttft_baseline_s": "same, without the long prompt"}
 
 
 def scenario_table(summary: pd.DataFrame):
-    """:func:`spike_scenarios`' summary as the page shows it: one row per model and order, times in ms.
+    """:func:`spike_scenarios`' summary as the page shows it: one row per quantity (times in ms), one column per
+    model and scheduler order, so four runs fit the text column side by side.
 
     Used in chapter 5.
     """
-    ms = "{:,.1f}".format
-    columns = {"cadence_s": "decode cadence (ms)", "itl_max_s": "longest gap (ms)",
-               "admit_step_s": "admitting iteration (ms)", "prefill_s": "prefill alone (ms)",
-               "ttft_s": "long prompt's TTFT (ms)", "behind_ttft_s": "short requests' TTFT (ms)",
-               "behind_ttft_baseline_s": "same, without the long prompt (ms)"}
-    shown = summary.assign(**{c: summary[c] * 1e3 for c in columns})
-    return viz.display_table(shown, {"model": ("model", str), "order": ("order", str),
-                                     **{c: (header, ms) for c, header in columns.items()}})
+    runs = [f"{m}, {o}" for m, o in zip(summary["model"], summary["order"])]
+    shown = (summary[list(SCENARIO_ROWS)] * 1e3).T.set_axis(runs, axis=1)
+    shown.insert(0, "quantity", list(SCENARIO_ROWS.values()))
+    return viz.display_table(shown, {"quantity": ("time (ms)", str), **{r: (r, "{:,.1f}".format) for r in runs}})
 
 
 def _radio(name: str, options, label: str):
@@ -209,7 +234,8 @@ def spike_chart(itl: pd.DataFrame, behind: pd.DataFrame, reference_ms: float | N
     widest = label_extent(itl["itl_ms"], behind["ttft_ms"], reference_ms or 0)
     y_axis = alt.Axis(minExtent=widest, titlePadding=8, format=",.0f")
     ms_axis = alt.Axis(tickCount=6, labelSeparation=8, format=",.0f")  # no two labels touching ("1,0001,100")
-    x = alt.X("time_s:Q", title="time since the long prompt arrived (s)")
+    x = alt.X("time_s:Q", title="time since the long prompt arrived (s)",  # no two labels touching
+              axis=alt.Axis(tickCount=6, labelSeparation=8, labelFlush=False))
     y = alt.Y("itl_ms:Q", title=viz.title("itl_ms"), axis=y_axis)
     base = alt.Chart(itl).transform_filter(pick)
     gap_tips = [viz.tip("time_s", "time since the long prompt arrived (s)", ".3f"), viz.tip("itl_ms", fmt=",.1f"),
@@ -279,6 +305,27 @@ def _cadence():
                  "beside their tokens (calibrated)")
 def _gap():
     return _spike8()["itl_max_s"] * 1e3
+
+
+@facts.fact("spike_ratio", scene="spike", unit="times", fmt=".1f", chapter="prefill_spike",
+            text="the unchunked gap over the decoders' cadence just before the long prompt: how many usual steps "
+                 "every decoder waits for its next token")
+def _ratio():
+    s = _spike8()
+    return s["itl_max_s"] / s["cadence_s"]
+
+
+@facts.fact("spike_behind_requests", scene="spike", unit="requests", fmt="d", chapter="prefill_spike",
+            text="the short requests chapter 5 sends while the long prompt is being prefilled (chapter 6's runs "
+                 "leave them out)")
+def _behind_requests():
+    return N_BEHIND
+
+
+@facts.fact("spike_behind_tokens", scene="spike", unit="tokens", fmt="d", chapter="prefill_spike",
+            text="the prompt tokens of each of those short requests")
+def _behind_tokens():
+    return BEHIND_TOKENS
 
 
 @facts.fact("prefill8_ideal_ms", scene="llama8", unit="ms", fmt=".0f", chapter="prefill_spike",

@@ -121,8 +121,16 @@ def test_admission_table_marks_the_prompt_step_in_ms(orca):
     table = chapter.admission_table(orca, before=2, after=2)
     shown = table.data
     assert len(shown) == 5 and shown.index[2] == at
-    assert shown[""].tolist() == ["", "", "computes the long prompt", "", ""]
-    assert shown["start (ms)"].iloc[0] == 0.0
+    notes = shown["besides the decodes"].tolist()
+    assert notes[:2] == ["decodes only"] * 2 and notes[2] == "the long prompt, all 4,000 tokens"
+    assert notes[3] == "4 short prompts of 256 tokens"  # n_behind=4, all admitted in the next iteration
+    assert (shown["prompt tokens"][[n == "decodes only" for n in notes]] == 0).all()
+    # times count from the long prompt's send (the chart's zero): the engine sees it one request latency later
+    start = shown["start (ms)"]
+    req = orca.run.requests
+    sent = req["arrival_s"].iloc[orca.summary["n_decoders"]]
+    assert start.loc[at] == pytest.approx((orca.run.steps["start_s"].loc[at] - sent) * 1e3)
+    assert start.iloc[1] < 0 < start.loc[at]
     assert shown["duration (ms)"].loc[at] == pytest.approx(orca.summary["admit_step_s"] * 1e3)
     html = table.to_html()
     assert "duration (ms)" in html and "prompt tokens" in html and "duration_s" not in html
@@ -131,9 +139,12 @@ def test_admission_table_marks_the_prompt_step_in_ms(orca):
 def test_scenario_table_in_ms_with_words(frames):
     _, _, summary, _ = frames
     shown = chapter.scenario_table(summary)
-    np.testing.assert_allclose(shown.data["longest gap (ms)"], summary["itl_max_s"] * 1e3)
+    data = shown.data.set_index("time (ms)")
+    runs = [f"{m}, {o}" for m, o in zip(summary["model"], summary["order"])]
+    assert list(data.columns) == runs and len(runs) == 4  # one column per run: four fit the text column
+    np.testing.assert_allclose(data.loc["longest gap"].astype(float), summary["itl_max_s"] * 1e3)
     html = shown.to_html()
-    assert "longest gap (ms)" in html and "itl_max" not in html and "cadence_s" not in html
+    assert "longest gap" in html and "itl_max" not in html and "cadence_s" not in html
 
 
 def test_spike_chart(frames):
