@@ -216,8 +216,8 @@ def chunking_chart(points: pd.DataFrame, timeline: pd.DataFrame, curve: pd.DataF
     trade = base.transform_filter("datum.config == 'chunked'").mark_line(point=True, color=viz.PALETTE[0])
     off = base.transform_filter("datum.config == 'unchunked'").mark_point(shape="square", size=90,
                                                                           color=viz.PALETTE[3], filled=True)
-    names = base.transform_filter("datum.config == 'chunked'").mark_text(
-        align="left", dx=8, dy=-8, fontSize=10).encode(text=alt.Text("max_num_batched_tokens:Q", format=","))
+    names = base.transform_filter("datum.config == 'chunked'").mark_text(  # up and right, clear of the ring
+        align="left", dx=12, dy=-9, fontSize=10).encode(text=alt.Text("max_num_batched_tokens:Q", format=","))
     off_name = base.transform_filter("datum.config == 'unchunked'").mark_text(
         align="left", dx=8, dy=10, fontSize=10, color=viz.PALETTE[3]).encode(text=alt.value("chunking off"))
     ring = base.transform_filter(chosen).mark_point(size=300, filled=False, strokeWidth=2, color="black")
@@ -234,19 +234,25 @@ def _chunking_timeline(points, timeline, chosen):
     top = float(timeline["itl_s"].max() * 1e3 * 1.08)
     tips = [viz.tip("time_s", "time since the long prompt arrived (s)", ".3f"),
             viz.tip("itl_ms", "decoders' gap between two tokens (ms)", ".1f"),
-            viz.tip("sequences", "decoders with this gap", ",d")]
+            viz.tip("sequences", "decoders with this gap (sequences)", ",d")]
     bars = alt.Chart(timeline).transform_filter(chosen).transform_calculate(itl_ms="datum.itl_s * 1000").mark_bar(
         width=2.5, color=viz.PALETTE[0]).encode(x=x, y=alt.Y("itl_ms:Q", title="decoders' inter-token latency (ms)",
                                                              scale=alt.Scale(domain=[0, top])), tooltip=tips)
     first = alt.Chart(points).transform_filter(chosen).transform_calculate(
         setting=_SETTING, ttft_ms="datum.ttft_s * 1000",
-        label=f"({_SETTING}) + ': first token after ' + format(datum.ttft_s * 1000, ',.0f') + ' ms'")
+        label="'first token after ' + format(datum.ttft_s * 1000, ',.0f') + ' ms'")
     rule = first.mark_rule(color=viz.PALETTE[3], strokeDash=[4, 3]).encode(
         x="ttft_s:Q", tooltip=[viz.tip("setting", "setting", kind="N"),
                                viz.tip("ttft_ms", "newcomer's time to first token (ms)", ",.0f")])
-    text = first.mark_text(align="right", baseline="top", y=2, color=viz.PALETTE[3], fontSize=11).encode(
-        x=alt.value("width"), text="label:N")
-    return alt.layer(bars, rule, text).properties(width=440, height=180)
+    # The label stands beside its rule, on the side with room (the rule never runs through it): right of a
+    # rule in the left half of the panel, left of one in the right half.
+    mid = (lo + hi) / 2
+    label = {"baseline": "top", "y": 2, "color": viz.PALETTE[3], "fontSize": 11}
+    text = [first.transform_filter(f"datum.ttft_s <= {mid!r}").mark_text(align="left", dx=5, **label).encode(
+                x="ttft_s:Q", text="label:N"),
+            first.transform_filter(f"datum.ttft_s > {mid!r}").mark_text(align="right", dx=-5, **label).encode(
+                x="ttft_s:Q", text="label:N")]
+    return alt.layer(bars, rule, *text).properties(width=440, height=180)
 
 
 # -- facts other pages glue (batchlab.chapters.facts) ----------------------------------------------------------

@@ -152,9 +152,20 @@ def test_chunking_chart_layers_and_encodings(frames):
     assert x["title"] == "newcomer's time to first token (ms)"
     bars = right["layer"][0]["encoding"]
     assert bars["x"]["field"] == "time_s" and bars["y"]["field"] == "itl_ms"
-    # The ring, the bars, the first-token rule and its label follow both controls.
+    # The ring, the bars, the first-token rule and its label (two layers: one per side) follow both controls.
     chosen = [f for f in walk(spec, "filter") if isinstance(f, str) and f.startswith("chunking ?")]
-    assert len(chosen) == 4 and all("log2_tokens" in f and "unchunked" in f for f in chosen)
+    assert len(chosen) == 5 and all("log2_tokens" in f and "unchunked" in f for f in chosen)
+    # The label stands beside its rule on the side with room, never across it: right of a rule in the left half
+    # of the panel, left of one in the right half; both at the rule's x.
+    labels = [lyr for lyr in right["layer"] if lyr["mark"]["type"] == "text"]
+    lo, hi = frames[1]["time_s"].min(), frames[1]["time_s"].max()
+    assert [(lyr["mark"]["align"], lyr["mark"]["dx"]) for lyr in labels] == [("left", 5), ("right", -5)]
+    assert all(lyr["encoding"]["x"]["field"] == "ttft_s" for lyr in labels)
+    (rule,) = [lyr for lyr in right["layer"] if lyr["mark"]["type"] == "rule"]
+    assert all(lyr["data"] == rule["data"] for lyr in labels)  # the runs' points, not an empty frame
+    sides = [next(t["filter"] for t in lyr["transform"][::-1] if "filter" in t) for lyr in labels]
+    mid = float((lo + hi) / 2)
+    assert sides == [f"datum.ttft_s <= {mid!r}", f"datum.ttft_s > {mid!r}"]
     titles = [e[c]["title"] for e in walk(spec, "encoding") for c in ("x", "y")
               if c in e and isinstance(e[c], dict) and isinstance(e[c].get("title"), str)]
     assert titles and all(t == t.lower() for t in titles)

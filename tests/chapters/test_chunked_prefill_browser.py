@@ -1,5 +1,7 @@
 """Chapter 6's chart in a real browser: the budget slider moves the ring and the first-token label to that budget's
-run; ticking chunking off disables the slider and shows the unchunked run; ticking it on enables it again.
+run; ticking chunking off disables the slider and shows the unchunked run; ticking it on enables it again. At every
+budget and with chunking off, at 1280 and 400 px, no rule runs through a text (the first-token rule once crossed
+its own label at 256 tokens).
 
 Needs the built book (``make book``, or ``scripts/build_pages.py notebooks/06_chunked_prefill`` with
 ``BATCHLAB_BOOK_HTML``) and Debian's Chromium; fixtures ``site`` and ``browser`` are in ``tests/conftest.py``.
@@ -19,7 +21,7 @@ PAGE = "notebooks/06_chunked_prefill"
 
 
 def _first_token(chart) -> str:
-    (label,) = [t for t in chart_texts(chart) if "first token after" in t]
+    (label,) = [t for t in chart_texts(chart) if t.startswith("first token after")]
     return label
 
 
@@ -34,26 +36,64 @@ def test_budget_slider_and_chunking_checkbox(page):
     assert slider.count() == 1 and box.count() == 1 and box.is_checked() and slider.is_enabled()
     shown = slider.locator("xpath=following-sibling::*[1]")  # the slider's value, in tokens
     assert shown.inner_text() == "2,048"
-    assert _first_token(chart) == f"chunked, budget 2,048 tokens: first token after {_ttft('chunk_2048_ttft_ms')}"
+    assert _first_token(chart) == f"first token after {_ttft('chunk_2048_ttft_ms')}"
 
     redrawn(page, chart, lambda: set_range(slider, 9))  # 2^9: 512 tokens
     assert shown.inner_text() == "512"
-    assert _first_token(chart) == f"chunked, budget 512 tokens: first token after {_ttft('chunk_512_ttft_ms')}"
+    assert _first_token(chart) == f"first token after {_ttft('chunk_512_ttft_ms')}"
 
     redrawn(page, chart, box.click)  # chunking off: the budget changes nothing, so the slider is disabled
     assert not box.is_checked() and slider.is_disabled()
-    assert _first_token(chart) == f"chunking off: first token after {_ttft('chunk_off_ttft_ms')}"
+    assert _first_token(chart) == f"first token after {_ttft('chunk_off_ttft_ms')}"
     off = chart.locator("svg").first.inner_html()
     assert slider.locator("xpath=ancestor::*[contains(@class, 'vega-bind')][1]").get_attribute("class").count(
         "batchlab-disabled") == 1  # greyed out
 
     redrawn(page, chart, box.click)  # chunking on again: the slider is live and its budget is shown again
     assert box.is_checked() and slider.is_enabled()
-    assert _first_token(chart) == f"chunked, budget 512 tokens: first token after {_ttft('chunk_512_ttft_ms')}"
+    assert _first_token(chart) == f"first token after {_ttft('chunk_512_ttft_ms')}"
     assert chart.locator("svg").first.inner_html() != off
     redrawn(page, chart, lambda: set_range(slider, 11))
-    assert _first_token(chart) == f"chunked, budget 2,048 tokens: first token after {_ttft('chunk_2048_ttft_ms')}"
+    assert _first_token(chart) == f"first token after {_ttft('chunk_2048_ttft_ms')}"
     assert not page.errors, page.errors
+
+
+# Every rule drawn as a mark and every text of the chart (marks, axes), with their boxes on the screen.
+_LAYOUT_JS = """el => ({
+  rules: [...el.querySelectorAll('g.mark-rule.role-mark line')].map(l => {
+    const b = l.getBoundingClientRect();
+    return [b.left - 0.5, b.top - 0.5, b.right + 0.5, b.bottom + 0.5];
+  }),
+  texts: [...el.querySelectorAll('svg text')].filter(t => t.textContent.trim()).map(t => {
+    const b = t.getBoundingClientRect();
+    return {text: t.textContent.trim(), box: [b.left, b.top, b.right, b.bottom]};
+  })})"""
+
+
+def crossed(chart) -> list:
+    """(text, rule box) for every text of ``chart`` a rule runs through (1 px of slack each way)."""
+    found = chart.evaluate(_LAYOUT_JS)
+    return [(t["text"], [round(x) for x in r]) for r in found["rules"] for t in found["texts"]
+            if r[0] < t["box"][2] - 1 and t["box"][0] < r[2] - 1 and r[1] < t["box"][3] - 1 and t["box"][1] < r[3] - 1]
+
+
+@pytest.mark.parametrize("width", [1280, 400])
+def test_no_rule_crosses_a_text_at_any_budget(site, browser, width):
+    v = Visit(browser, f"{site}/{PAGE}.html", width=width)
+    try:
+        chart = v.chart(0)
+        slider = chart.locator(".vega-bindings input[type=range][name=log2_tokens]")
+        lo, hi = int(float(slider.get_attribute("min"))), int(float(slider.get_attribute("max")))
+        found = {}
+        for step in range(lo, hi + 1):
+            if slider.input_value() != str(step):
+                redrawn(v, chart, lambda s=step: set_range(slider, s))
+            found[2 ** step] = crossed(chart)
+        redrawn(v, chart, chart.locator(".vega-bindings input[type=checkbox]").click)
+        found["chunking off"] = crossed(chart)
+        assert len(found) == hi - lo + 2 and not any(found.values()), {k: x for k, x in found.items() if x}
+    finally:
+        v.close()
 
 
 # Each display formula's typeset width against its box: the box scrolls sideways when the formula is wider.
