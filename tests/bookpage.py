@@ -160,3 +160,20 @@ def png_rgb(png: bytes):
             row[x] = (line[x] + pred) % 256
         out[y] = row
     return out.reshape(height, width, step)[:, :, :3]
+
+
+# Each display formula's typeset width against its box: the box scrolls sideways when the formula is wider.
+_FORMULAS_JS = """() => [...document.querySelectorAll('div.math')].map(d => {
+  const m = d.querySelector('mjx-container mjx-math');
+  return {tex: d.textContent.slice(0, 40), box: d.clientWidth, scroll: d.scrollWidth,
+          width: m ? m.getBoundingClientRect().width : -1};
+})"""
+
+
+def display_formulas(visit: Visit) -> tuple[list[dict], list[dict]]:
+    """Every display formula of the page once MathJax has typeset it, and those wider than their column (or not
+    typeset at all)."""
+    visit.wait_math()
+    formulas = visit.page.evaluate(_FORMULAS_JS)
+    wide = [f for f in formulas if f["width"] > f["box"] + 1 or f["scroll"] > f["box"] + 1 or f["width"] <= 0]
+    return formulas, wide

@@ -9,7 +9,7 @@ Needs the built book (``make book``, or ``scripts/build_pages.py notebooks/06_ch
 from __future__ import annotations
 
 import pytest
-from bookpage import Visit, chart_texts, redrawn, set_range
+from bookpage import Visit, chart_texts, display_formulas, redrawn, set_range
 
 from batchlab.chapters import facts
 
@@ -96,21 +96,11 @@ def test_no_rule_crosses_a_text_at_any_budget(site, browser, width):
         v.close()
 
 
-# Each display formula's typeset width against its box: the box scrolls sideways when the formula is wider.
-_FORMULAS_JS = """() => [...document.querySelectorAll('div.math')].map(d => {
-  const m = d.querySelector('mjx-container mjx-math');
-  return {tex: d.textContent.slice(0, 40), box: d.clientWidth, scroll: d.scrollWidth,
-          width: m ? m.getBoundingClientRect().width : -1};
-})"""
-
-
 def test_display_formulas_fit_a_phone(site, browser):
     v = Visit(browser, f"{site}/{PAGE}.html", width=400)
     try:
-        v.wait_math()
-        formulas = v.page.evaluate(_FORMULAS_JS)
+        formulas, wide = display_formulas(v)
         assert len(formulas) >= 4
-        wide = [f for f in formulas if f["width"] > f["box"] + 1 or f["scroll"] > f["box"] + 1 or f["width"] <= 0]
         assert not wide, f"display formulas wider than the column at 400 px: {wide}"
     finally:
         v.close()

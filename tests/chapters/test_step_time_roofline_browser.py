@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from bookpage import Visit, set_range
+from bookpage import Visit, display_formulas, set_range
 
 import batchlab as bl
 
@@ -170,21 +170,11 @@ def test_no_rule_crosses_a_text_at_any_slider_position(site, browser, width):
         v.close()
 
 
-# Each display formula's typeset width against its box: the box scrolls sideways when the formula is wider.
-_FORMULAS_JS = """() => [...document.querySelectorAll('div.math')].map(d => {
-  const m = d.querySelector('mjx-container mjx-math');
-  return {tex: d.textContent.slice(0, 40), box: d.clientWidth, scroll: d.scrollWidth,
-          width: m ? m.getBoundingClientRect().width : -1};
-})"""
-
-
 def test_display_formulas_fit_a_phone(site, browser):
     v = Visit(browser, f"{site}/{PAGE}.html", width=400)
     try:
-        v.wait_math()
-        formulas = v.page.evaluate(_FORMULAS_JS)
+        formulas, wide = display_formulas(v)
         assert len(formulas) >= 5
-        wide = [f for f in formulas if f["width"] > f["box"] + 1 or f["scroll"] > f["box"] + 1 or f["width"] <= 0]
         assert not wide, f"display formulas wider than the column at 400 px: {wide}"
     finally:
         v.close()
