@@ -24,9 +24,11 @@ data precomputed on a grid (:func:`grid_param`), never a kernel.
 """
 from __future__ import annotations
 
+import decimal
 import functools
 import itertools
 import json
+import math
 import os
 from pathlib import Path
 
@@ -109,14 +111,95 @@ def tip(field: str, title_: str | None = None, fmt: str | None = None, kind: str
     return alt.Tooltip(f"{field}:{kind}", **kw)
 
 
-def duration_text(field: str, unit: str = "ms") -> str:
-    """A Vega expression reading a duration field (in ``unit``: "ms" or "s") as a reader writes it: milliseconds
-    below ten seconds, seconds above ("4.48 ms", "213 ms", "470 s"). For tooltips and readouts of values that range
-    from milliseconds to minutes."""
+# -- durations: one rule for the whole book, a Python twin and a Vega twin --------------------------------------
+# Three significant digits, milliseconds below one second, seconds from one second: "0.42 ms", "4.48 ms",
+# "36.4 ms", "412 ms", "1.87 s", "11.1 s", "468 s", "1,107 s". The unit follows the value as printed: anything that
+# rounds to 1,000 ms (from 999.5 ms) reads "1.00 s", and from 999.5 s the seconds are whole and thousands
+# separated ("1,000 s"), never "1.00e+3". Below one millisecond two decimals ("0.42 ms", not "0.420 ms": ten
+# microseconds is finer than any duration the book reads). Zero reads "0 ms"; a missing value (None, NaN, ±inf)
+# reads ``missing``. Ties round half away from zero on the exact binary value, as d3-format (Vega's ``format``)
+# does through ``toExponential``/``toFixed``, so both twins print the same string for the same double.
+DURATION_MISSING = "–"
+
+
+def _decimal_text(value: float, spec: str) -> str:
+    """``format(value, spec)`` on the exact binary value, ties away from zero (as JavaScript's ``toFixed``)."""
+    with decimal.localcontext() as ctx:
+        ctx.rounding = decimal.ROUND_HALF_UP
+        return format(decimal.Decimal(value), spec)
+
+
+def _three_digits(value: float) -> str:
+    """d3-format's ``.3r``: three significant digits, trailing zeros kept, never an exponent (|value| >= 1)."""
+    exponent = int(_decimal_text(value, ".2e").rsplit("e", 1)[1])  # after rounding: 9.9996 -> 1.00e+1
+    return _decimal_text(value, f".{max(0, 2 - exponent)}f")
+
+
+def format_duration(value, unit: str = "ms", missing: str = DURATION_MISSING) -> str:
+    """A duration as the book prints it everywhere: ``"412 ms"``, ``"1.87 s"``, ``"1,107 s"`` (the rule above).
+
+    The Python twin of :func:`duration_text`: both print the same string for the same value
+    (``tests/test_durations.py`` checks them against each other in Chromium). For tables, verdicts and glued
+    text of every chapter.
+
+    Parameters
+    ----------
+    value : float or None
+        The duration, in ``unit``.
+    unit : {"ms", "s"}
+        The unit of ``value``.
+    missing : str
+        Printed for None, NaN and ±inf (chapter 8's tables pass ``"refused"``).
+    """
+    if unit not in ("ms", "s"):
+        raise ValueError(f"format_duration: unit must be 'ms' or 's', not {unit!r}")
+    try:
+        ms = float(value) * 1000 if unit == "s" else float(value)
+    except (TypeError, ValueError):
+        return missing
+    if not math.isfinite(ms):
+        return missing
+    if ms == 0:
+        return "0 ms"
+    if abs(ms) < 1:
+        text = _decimal_text(ms, ".2f") + " ms"
+    elif abs(ms) < 999.5:
+        text = _three_digits(ms) + " ms"
+    elif abs(ms / 1000) < 999.5:
+        text = _three_digits(ms / 1000) + " s"
+    else:
+        text = _decimal_text(ms / 1000, ",.0f") + " s"
+    return text.replace("-", "\u2212")  # d3-format's minus sign
+
+
+def duration_text(field: str, unit: str = "ms", missing: str = DURATION_MISSING) -> str:
+    """A Vega expression reading a duration field (in ``unit``: "ms" or "s") as :func:`format_duration` prints
+    it: ``"4.48 ms"``, ``"213 ms"``, ``"1.87 s"``, ``"470 s"``; ``missing`` where there is none. For tooltips,
+    readouts and labels of every chapter (not for axis ticks, whose unit is in the axis title)."""
+    if unit not in ("ms", "s"):
+        raise ValueError(f"duration_text: unit must be 'ms' or 's', not {unit!r}")
     ms = f"datum['{field}']" + (" * 1000" if unit == "s" else "")
-    return (f"!isValid({ms}) ? '–' : {ms} < 10 ? format({ms}, '.2f') + ' ms' : {ms} < 10000 ? "
-            f"format({ms}, ',.0f') + ' ms' : {ms} < 100000 ? format({ms} / 1000, ',.1f') + ' s' : "
-            f"format({ms} / 1000, ',.0f') + ' s'")
+    return (f"!isFinite({ms}) ? {json.dumps(missing, ensure_ascii=False)} : {ms} == 0 ? '0 ms' : "
+            f"abs({ms}) < 1 ? format({ms}, '.2f') + ' ms' : abs({ms}) < 999.5 ? format({ms}, '.3r') + ' ms' : "
+            f"abs({ms} / 1000) < 999.5 ? format({ms} / 1000, '.3r') + ' s' : format({ms} / 1000, ',.0f') + ' s'")
+
+
+def round_duration(values, unit: str = "ms") -> np.ndarray:
+    """Durations (in ``unit``) rounded to the digits :func:`format_duration` and :func:`duration_text` print, in
+    the same unit (249.496 ms -> 249, 8,987.2 ms -> 8,990, 468,317 ms -> 468,000); missing values become NaN.
+
+    For chart data inlined in a page: a chart whose data holds no more digits than its readout prints, and whose
+    readout then prints what the table beside it says. Used by chapter 8's chart."""
+    out = []
+    for v in np.asarray(values, dtype=float).ravel():
+        text = format_duration(v, unit, missing="")
+        if not text:
+            out.append(np.nan)
+            continue
+        number, shown = text.replace("\u2212", "-").replace(",", "").split(" ")
+        ms = decimal.Decimal(number) * (1000 if shown == "s" else 1)  # exact: "1.87 s" is 1,870 ms, not 1,870.0000002
+        out.append(float(ms / 1000 if unit == "s" else ms))
+    return np.array(out).reshape(np.shape(values))
 
 
 # -- theme -------------------------------------------------------------------------------------------------

@@ -240,7 +240,7 @@ def _chunking_timeline(points, timeline, chosen):
                                                              scale=alt.Scale(domain=[0, top])), tooltip=tips)
     first = alt.Chart(points).transform_filter(chosen).transform_calculate(
         setting=_SETTING, ttft_ms="datum.ttft_s * 1000",
-        label="'first token after ' + format(datum.ttft_s * 1000, ',.0f') + ' ms'")
+        label="'first token after ' + (" + viz.duration_text("ttft_s", unit="s") + ")")
     rule = first.mark_rule(color=viz.PALETTE[3], strokeDash=[4, 3]).encode(
         x="ttft_s:Q", tooltip=[viz.tip("setting", "setting", kind="N"),
                                viz.tip("ttft_ms", "newcomer's time to first token (ms)", ",.0f")])

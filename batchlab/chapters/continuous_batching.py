@@ -14,7 +14,6 @@ from .. import viz
 from ..metrics import tokens_per_step
 from ..sim import simulate
 from ..workload import preset
-from .dynamic_batching import latency_text
 
 OCCUPANCY_COLORS = {"slots held": "#CC79A7", "rows generating": "#0072B2"}  # line, bars of the occupancy panels
 
@@ -174,10 +173,10 @@ def _gantt_encoding() -> dict:
 
 def _gantt_bars(df: pd.DataFrame | None = None):
     """The bars of :func:`gantt_chart`, each with how long its phase lasts for the tooltip, in words with its unit
-    (ms below a second, seconds from there: :func:`batchlab.chapters.dynamic_batching.latency_text`)."""
+    (ms below a second, seconds from there: :func:`batchlab.viz.duration_text`)."""
     chart = alt.Chart() if df is None else alt.Chart(df)
     return chart.transform_calculate(phase_s="datum.end_s - datum.start_s",
-                                     lasts=latency_text("phase_s")).mark_bar()
+                                     lasts=viz.duration_text("phase_s", unit="s")).mark_bar()
 
 
 def _gantt_layers(df: pd.DataFrame, facet: str, highlight: bool, last_end: bool):

@@ -39,8 +39,8 @@ POLICY_SHAPES = {"static": "square", "dynamic": "circle", "continuous": "triangl
 POLICY_DASHES = {"static": [7, 3], "dynamic": [1, 0], "continuous": [1, 0], "chunked": [3, 3]}
 LATENCY_LABELS = {"mean_e2el_ms": "mean end-to-end latency", "p99_e2el_ms": "p99 end-to-end latency",
                   "mean_ttft_ms": "mean TTFT", "p99_ttft_ms": "p99 TTFT"}
-LATENCY_HEADERS = {"mean_e2el_ms": "mean end-to-end (s)", "p99_e2el_ms": "p99 end-to-end (s)",
-                   "mean_ttft_ms": "mean TTFT (s)", "p99_ttft_ms": "p99 TTFT (s)"}
+LATENCY_HEADERS = {"mean_e2el_ms": "mean end-to-end", "p99_e2el_ms": "p99 end-to-end",  # each cell has its unit
+                   "mean_ttft_ms": "mean TTFT", "p99_ttft_ms": "p99 TTFT"}
 USAGE_HEADERS = {"gpu_busy_fraction": "GPU busy", "idle_while_waiting_fraction": "GPU idle, a request sent",
                  "idle_while_queued_fraction": "GPU idle, a request at the engine",
                  "padding_fraction": "padded token slots", "full_batch_fraction": "batches leaving full"}
@@ -162,23 +162,19 @@ def capacity_table(capacity: pd.DataFrame, capacity_req_s: float):
         "padding_fraction": ("padded token slots", "{:.0%}")})
 
 
-def _seconds(v: float) -> str:
-    """Three significant digits, thousands separated from 100 s up: 0.0365, 1.78, 88.4, 1,204."""
-    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:#.3g}"
-
-
 def _with_words(runs: pd.DataFrame) -> pd.DataFrame:
     return runs.assign(load_words=[f"{100 * float(x):g} %" for x in runs["load"]],
                        words=runs["policy"].map(POLICY_WORDS))
 
 
 def latency_table(runs: pd.DataFrame):
-    """Latency and throughput of each run of :func:`policy_grid` with a ``load`` column (shares of capacity), in
-    seconds, for the page. Used in chapter 02.
+    """Latency and throughput of each run of :func:`policy_grid` with a ``load`` column (shares of capacity), for
+    the page, each latency with its unit (:func:`batchlab.viz.format_duration`: "36.5 ms", "1.78 s"). Used in
+    chapter 02.
     """
-    df = _with_words(runs).assign(**{c: runs[c] / 1e3 for c in LATENCY_COLUMNS})
+    df = _with_words(runs)
     columns = {"load_words": ("load (share of capacity)", "{}"), "words": ("policy", "{}")}
-    columns |= {c: (LATENCY_HEADERS[c], _seconds) for c in LATENCY_COLUMNS}
+    columns |= {c: (LATENCY_HEADERS[c], viz.format_duration) for c in LATENCY_COLUMNS}
     return viz.display_table(df, columns | {"request_throughput": ("throughput (req/s)", "{:.2f}")})
 
 
@@ -275,7 +271,7 @@ def _readout(long: pd.DataFrame, load, delay, metric):
     where = ("'at ' + format(datum.rate_req_s, datum.rate_req_s < 1 ? '.2f' : '.1f') + ' req/s, '"
              " + format(100 * datum.load, '~g') + ' % of capacity'")
     timer = f"'max queue delay ' + format({delay.name}, ',.0f') + ' ms'"
-    line = ("datum.policy + ': ' + (" + latency_text("latency_s") + ") + (datum.off_axis ? "
+    line = ("datum.policy + ': ' + (" + viz.duration_text("latency_s", unit="s") + ") + (datum.off_axis ? "
             f"'{OFF_AXIS}' : '')")
     base = alt.Chart(long).transform_filter(picked)
     first = base.transform_filter("datum.policy == 'dynamic'")
@@ -335,7 +331,7 @@ def delay_load_chart(runs: pd.DataFrame, rules: pd.DataFrame, delay_ms: float = 
             viz.tip("load", "share of capacity (%)", ".1%"), viz.tip("timer_text", "max queue delay", kind="N"),
             viz.tip("latency_text", "latency", kind="N")]
     base = alt.Chart(long).transform_filter(shown).transform_calculate(
-        latency_text=latency_text("latency_s"), timer_text=TIMER_TEXT)
+        latency_text=viz.duration_text("latency_s", unit="s"), timer_text=TIMER_TEXT)
     x = alt.X("rate_req_s:Q", title="offered load (req/s)", scale=alt.Scale(type="log", nice=False, domain=[
         0.8 * float(long["rate_req_s"].min()), 1.25 * max(float(long["rate_req_s"].max()), rules["rate_req_s"].max())]),
         axis=alt.Axis(values=_ticks125(long["rate_req_s"]), format="~g"))
@@ -368,18 +364,6 @@ TIMER_TEXT = ("datum.policy == 'dynamic' ? format(datum.max_queue_delay_ms, ',.0
               "datum.policy == 'static' ? 'no timer: waits for a full batch' : 'no timer: iteration-level'")
 
 
-def latency_text(field: str) -> str:
-    """A Vega expression reading a latency field in seconds as a reader writes it, three significant digits:
-    milliseconds below one second, seconds from there ("36.4 ms", "356 ms", "1.87 s", "88.4 s", "1,107 s").
-
-    :func:`batchlab.viz.duration_text` keeps milliseconds up to ten seconds ("8,046 ms"); chapters 2 and 3 read
-    latencies from tens of milliseconds to twenty minutes. Used in chapters 2 and 3.
-    """
-    v = f"datum['{field}']"
-    return (f"!isValid({v}) ? '–' : {v} < 0.9995 ? format({v} * 1000, '.3r') + ' ms' : "
-            f"{v} < 999.5 ? format({v}, '.3r') + ' s' : format({v}, ',.0f') + ' s'")
-
-
 def _ticks125(values) -> list[float]:
     """:func:`batchlab.viz.log_ticks` at 1, 2 and 5 times a power of ten only: 0.2 and 0.3 would touch."""
     return [t for t in viz.log_ticks(values) if f"{t:.0e}"[0] in "125"]
@@ -394,9 +378,9 @@ def _delay_panel(long: pd.DataFrame, marks: pd.DataFrame, on_metric: str, at_loa
     y = alt.Y("latency_s:Q", title="latency (s)", scale=alt.Scale(zero=True),
               axis=alt.Axis(format=",~f", labelFlush=True, **Y_EXTENT))
     dyn = alt.Chart(long).transform_filter(f"{on_metric} && {at_load} && datum.policy == 'dynamic'")
-    dyn = dyn.transform_calculate(latency_text=latency_text("latency_s"), timer_text=TIMER_TEXT)
+    dyn = dyn.transform_calculate(latency_text=viz.duration_text("latency_s", unit="s"), timer_text=TIMER_TEXT)
     here = alt.Chart(marks).transform_filter(f"{on_metric} && {at_load}").transform_calculate(
-        latency_text=latency_text("latency_s"))
+        latency_text=viz.duration_text("latency_s", unit="s"))
     color = scales["color"]
     return alt.layer(
         here.transform_filter("datum.kind == 'rule'").mark_rule(strokeWidth=1.8).encode(

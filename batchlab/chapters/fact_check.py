@@ -155,8 +155,8 @@ def tradeoff_chart(trade: pd.DataFrame, width: int = 420, height: int = 260):
                                       "text": ["decode cadence before the prompt arrived"]}))
     picked = base.transform_filter(at).transform_calculate(label=(  # two lines: room beside the top-left point
         "format(datum.max_num_batched_tokens, ',') + ' tokens, ' + datum.chunks"
-        " + (datum.chunks == 1 ? ' chunk' : ' chunks') + '\\nTTFT ' + format(datum.ttft_ms, ',.0f') + ' ms, gap '"
-        " + format(datum.itl_max_ms, ',.0f') + ' ms'"))
+        " + (datum.chunks == 1 ? ' chunk' : ' chunks') + '\\nTTFT ' + (" + viz.duration_text("ttft_ms") + ") + ', gap '"
+        " + (" + viz.duration_text("itl_max_ms") + ")"))
     return alt.layer(
         base.mark_line(point=True, color=viz.PALETTE[0]).encode(order="max_num_batched_tokens:Q", tooltip=tooltip),
         base.mark_text(align="left", dx=7, dy=-7, color="#555555").encode(

@@ -170,10 +170,12 @@ def picker_frames(cost, res, first_step: int, n_steps: int) -> dict:
                                   **apart})
         rows_text = (f"{_plural(len(chunks), 'prompt chunk')} ({new:,} new tokens)" if len(chunks) else
                      "no prompt chunk") + f", {_plural(len(contexts), 'decode')}"
-        lines = [f"iteration {step:,} at {steps.loc[step, 'start_s']:.2f} s: {split['total_s'] * 1e3:.1f} ms",
-                 rows_text, f"apart: decodes {apart['decodes_s'] * 1e3:.1f} ms, prompt chunks "
-                 f"{apart['prompts_s'] * 1e3:.1f} ms" if both else f"{_KIND_WORDS[kinds[step]]}: nothing to mix",
-                 f"mixing saves {saved * 1e3:.1f} ms" if both else ""]
+        took = {k: viz.format_duration(v, unit="s") for k, v in  # the book's one rule: "27.1 ms", "213 ms"
+                (("total", split["total_s"]), ("decodes", apart["decodes_s"]), ("prompts", apart["prompts_s"]),
+                 ("saved", saved))}
+        lines = [f"iteration {step:,} at {steps.loc[step, 'start_s']:.2f} s: {took['total']}", rows_text,
+                 f"apart: decodes {took['decodes']}, prompt chunks {took['prompts']}" if both
+                 else f"{_KIND_WORDS[kinds[step]]}: nothing to mix", f"mixing saves {took['saved']}" if both else ""]
         out["readout"] += [{"position": pos, "line": i, "text": t} for i, t in enumerate(lines)]
         for row, (req, c, p) in enumerate(zip(chunks["request"], chunks["new_tokens"], chunks["cached_tokens"])):
             text = f"{c:,} new + {p:,} cached"

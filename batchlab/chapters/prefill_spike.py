@@ -242,7 +242,7 @@ def spike_chart(itl: pd.DataFrame, behind: pd.DataFrame, reference_ms: float | N
                 viz.tip("sequences", "decoders with this gap (sequences)", ",")]
     top = base.transform_joinaggregate(top="max(itl_ms)", lo="min(time_s)", hi="max(time_s)").transform_filter(
         "datum.itl_ms == datum.top").transform_calculate(
-        text="'one gap of ' + format(datum.itl_ms, ',.0f') + ' ms'", left="datum.time_s > (datum.lo + datum.hi) / 2")
+        text="'one gap of ' + (" + viz.duration_text("itl_ms") + ")", left="datum.time_s > (datum.lo + datum.hi) / 2")
     layers = [
         base.mark_circle(size=30, opacity=0.85, color=viz.PALETTE[0]).encode(x=x, y=y, tooltip=gap_tips),
         top.transform_filter("!datum.left").mark_text(align="left", dx=8).encode(x=x, y=y, text="text:N"),

@@ -332,12 +332,13 @@ def _map_data(grid: pd.DataFrame, picks: pd.DataFrame, workloads, slos, loads) -
     data["kind"] = np.select([data["best"] & data["holds_any"], data["vllm_default"], data["vllm_refuses"]],
                              MAP_KINDS, "")
     data["goodput_text"] = np.where(data["vllm_refuses"], "", data["request_goodput"].map(_goodput_text))
+    # read before the data is rounded for the page: "412 ms", "315 s", never "315,382 ms"
+    data["ttft_text"] = [viz.format_duration(v, missing="refused") for v in data["p99_ttft_ms"]]
     for col in ("p99_ttft_ms", "p99_tpot_ms", "p99_longest_itl_ms", "request_goodput"):
         data[col] = data[col].astype(float).round(2)
     data["slo_load"] = data["slo_load"].astype(float).round(3)
     data["share_within"] = data["share_within"].astype(float).round(4)
     data["held"] = np.where(data["slo_met"], "yes", "no")
-    data["ttft_text"] = data["p99_ttft_ms"].map(two_knobs.format_ms)  # "412 ms", "315 s": never "315,382 ms"
     keep = ["workload_i", "slo_i", "load_i", "max_num_seqs", "max_num_batched_tokens", "request_goodput",
             "share_within", "held", "slo_met", "p99_ttft_ms", "p99_tpot_ms", "p99_longest_itl_ms", "slo_load",
             "kind", "goodput_text", "ttft_text"]

@@ -8,7 +8,7 @@ default beside the pair with the lowest p99 ITL at as good a p99 TTFT and the sa
 :func:`two_knobs_chart` draws every operating point behind two sliders (one per knob) and a rate selector that
 shows one rate's runs alone or every load together, the trail of pairs the sliders have visited, and the grid
 of pairs with the refused ones crossed out. :func:`runs_table` and :func:`vllm_defaults_style` format the
-tables (:func:`format_ms`: milliseconds below a second, seconds above).
+tables (durations through :func:`batchlab.viz.format_duration`, the book's one rule).
 
 The end of the module registers the facts other pages glue (:mod:`batchlab.chapters.facts`): the conversation
 scene's capacity, its four loads, its mean lengths, vLLM's KV pool and default knobs, the plateau of
@@ -229,40 +229,11 @@ def vllm_defaults_table(gpus=("h100-sxm", "h200", "a100-80gb")) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def format_ms(ms: float) -> str:
-    """A latency as a reader reads it: ``"412 ms"`` below a second, ``"11.1 s"`` below a minute, ``"468 s"`` above.
-
-    NaN (a pair vLLM refuses, never run) reads ``"refused"``. Used in chapter 8's tables.
-    """
-    if not np.isfinite(ms):
-        return "refused"
-    if ms < 1e3:
-        return f"{ms:,.0f} ms"
-    return f"{ms / 1e3:,.1f} s" if ms < 60e3 else f"{ms / 1e3:,.0f} s"
-
-
-def duration_expr(field: str) -> str:
-    """A Vega expression reading a duration field (ms) as :func:`format_ms` and the page's tables do: ``"412 ms"``
-    below a second, ``"2.9 s"`` below a minute, ``"468 s"`` above, ``"–"`` where there is none. Chapter 8's readout
-    and tooltips, so a chart never says "8,987 ms" where the table says "9.0 s"."""
-    ms = f"datum['{field}']"
-    return (f"!isValid({ms}) ? '–' : {ms} < 1000 ? format({ms}, ',.0f') + ' ms' : {ms} < 60000 ? "
-            f"format({ms} / 1000, ',.1f') + ' s' : format({ms} / 1000, ',.0f') + ' s'")
-
-
-def display_round_ms(ms) -> np.ndarray:
-    """Durations (ms) rounded to the digits :func:`duration_expr` and :func:`format_ms` print: 1 ms below a
-    second, 0.1 s below a minute, 1 s above; NaN stays NaN. Used by chapter 8's chart data."""
-    ms = np.asarray(ms, dtype=float)
-    digits = np.select([ms < 1e3, ms < 6e4], [0, -2], -3)
-    return np.array([round(v, int(d)) if np.isfinite(v) else v for v, d in zip(ms, digits)])
-
-
 def runs_table(df: pd.DataFrame, columns: dict):
     """Rows of a sweep or of :func:`default_vs_pick`, with readable headers and units.
 
     ``columns`` maps a column to its header; columns ending in ``_knobs`` are text already, those ending in
-    ``_ms`` read through :func:`format_ms`, rates
+    ``_ms`` read through :func:`batchlab.viz.format_duration` (``"refused"`` for a pair never run), rates
     with one decimal, ratios (``_ratio``) with one decimal and a ×, shares (``load``) as percentages, throughputs
     and knobs with thousands separators. Used in chapter 8. Returns a ``Styler`` without the index.
     """
@@ -270,7 +241,7 @@ def runs_table(df: pd.DataFrame, columns: dict):
         if col.endswith("_knobs"):  # already words: "1,024 / 3,072"
             return str
         if col.endswith("_ms"):  # a number and its unit never split over two lines of a narrow column
-            return lambda v: format_ms(v).replace(" ", "\u00a0")
+            return lambda v: viz.format_duration(v, missing="refused").replace(" ", "\u00a0")
         if col.endswith("_ratio"):
             return "×{:.1f}".format
         return "{:.0%}".format if col == "load" else "{:.1f}".format if "rate_req_s" in col else "{:,.0f}".format
@@ -311,10 +282,10 @@ def _knob_points(df, defaults, offline_tokens, x, y, y2):
     data["kind"] = np.where(data["vllm_refuses"], TWO_KNOB_KINDS[1], TWO_KNOB_KINDS[0])
     data["front"] = data["frontier"].astype(int)  # the grid draws frontier pairs last, on top
     # The page inlines the data with no more digits than a reader sees, rounded once to what the readout and the
-    # tooltips print (rounding 249.496 ms to 249.5 first would print "250 ms" where the table says 249).
+    # tooltips print (:func:`batchlab.viz.round_duration`: 249.496 ms is 249, 8,987.2 ms is 8,990, "8.99 s").
     data[x] = data[x].round(0)
     for col in (y, y2):
-        data[col] = display_round_ms(data[col])
+        data[col] = viz.round_duration(data[col])
     at_seqs = data["max_num_seqs"] == defaults["max_num_seqs"]
     marks = [data[at_seqs & (data["max_num_batched_tokens"] == defaults["max_num_batched_tokens"])].assign(
         kind=TWO_KNOB_KINDS[2])]
@@ -359,8 +330,8 @@ def two_knobs_chart(df: pd.DataFrame, defaults: dict, offline_tokens: int | None
     latency axis fitted to them (log, labelled in ms and s); every load shows all of them with the frontier
     through them. The throughput axis is the same in both, so at one rate below capacity the runs that keep up
     stand in one column and the sliders move the green point up and down. The readout above reads the chosen
-    pair at the selected rate (or at each rate), durations in ms below ten seconds and in s above
-    (:func:`duration_expr`); every pair picked before stays as a faded green ring (the selection
+    pair at the selected rate (or at each rate), durations in ms below a second and in s from there
+    (:func:`batchlab.viz.duration_text`); every pair picked before stays as a faded green ring (the selection
     ``visited``; clicking a run adds or removes it). The grid at the bottom shows every pair at the selected
     rate(s): black where it is on the frontier, a cross where vLLM refuses it.
     """
@@ -391,7 +362,7 @@ def two_knobs_chart(df: pd.DataFrame, defaults: dict, offline_tokens: int | None
     xenc = alt.X(f"{x}:Q", title=viz.title(x), axis=alt.Axis(format=",.0f"),
                  scale=alt.Scale(zero=False, nice=False, domain=[float(accepted.min()) * 0.95,
                                                                   float(accepted.max()) * 1.03]))
-    calc = {"y_text": duration_expr(y), "y2_text": duration_expr(y2)}
+    calc = {"y_text": viz.duration_text(y), "y2_text": viz.duration_text(y2)}
     kw = dict(xenc=xenc, shape=shape, tooltip=tooltip, at_rate=at_rate, chosen=chosen, trail=trail, calc=calc,
               every=every, rates=[float(r) for r in rates])
     top = _panel(data, marks, y, 300, True, **kw).add_params(trail)
@@ -449,7 +420,7 @@ READOUT_SHOWN, READOUT_OTHER = "#333333", "#8a8a8a"  # the selected rate's line,
 def _readout(data, at_seqs: str, at_tok: str, at_rate: str, every: int, x: str, y: str, y2: str):
     """Lines above the chart: the chosen pair, then its numbers at every rate, a line per rate, the selected
     rate's dark and the others grey (all dark with every load), durations read by
-    :func:`duration_expr`; a refused pair says so instead. Every line is always drawn, so the
+    :func:`batchlab.viz.duration_text`; a refused pair says so instead. Every line is always drawn, so the
     readout's height is the same whatever the selection, with no blank lines."""
     name, name2 = viz.title(y).split(" (")[0], viz.title(y2).split(" (")[0]
     pair = alt.Chart(data).transform_filter(f"{at_seqs} && {at_tok} && datum.rate_i == 0").transform_calculate(
@@ -458,7 +429,7 @@ def _readout(data, at_seqs: str, at_tok: str, at_rate: str, every: int, x: str, 
                                         color="#333333").encode(x=alt.value(0), y=alt.value(0), text="label:N")
     shown = "(datum.vllm_refuses ? datum.rate_i == 0 : true)"  # a refused pair: one line, whatever the rate
     lines = alt.Chart(data).transform_filter(f"{at_seqs} && {at_tok} && {shown}").transform_calculate(
-        y_text=duration_expr(y), y2_text=duration_expr(y2),
+        y_text=viz.duration_text(y), y2_text=viz.duration_text(y2),
         line_y=f"(datum.vllm_refuses ? 0 : datum.rate_i) * {READOUT_LINE_PX} + {READOUT_LINE_PX + 3}",
         label=f"datum.vllm_refuses ? 'refused by vLLM: fewer tokens than sequences' : format(datum.rate_req_s,"
               f" '.1f') + ' req/s: ' + format(datum['{x}'], ',.0f') + ' tok/s, {name} ' + datum.y_text + ', "

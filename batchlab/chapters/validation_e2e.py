@@ -325,29 +325,19 @@ def setup_frame(served: pd.DataFrame, book: pd.DataFrame) -> pd.DataFrame:
     return out.rename(columns={"prefix_cache_hit_rate": "hit_rate"})
 
 
-def _duration(ms: float, seconds: bool = False) -> str:
-    """A mean latency as the setup table writes it, with its unit: ms to one decimal below ten seconds, seconds
-    above (and always seconds for an end-to-end latency, ``seconds``), fewer decimals the larger it is."""
-    if not seconds and ms < 10_000:
-        return f"{ms:,.1f} ms"
-    s = ms / 1e3
-    return f"{s:,.2f} s" if s < 10 else f"{s:,.1f} s" if s < 100 else f"{s:,.0f} s"
-
-
 def setup_error_table(frame: pd.DataFrame, close: pd.DataFrame):
     """:func:`setup_frame` as the page shows it (a ``Styler``): one row per run and metric, each time with its unit
-    (:func:`_duration`: ms, seconds past ten of them and for end-to-end latency), the error in %. Used in
+    (:func:`batchlab.viz.format_duration`: ms below a second, seconds from there), the error in %. Used in
     chapter 13."""
     names = close.set_index("run_id")["load"]  # the setup is the same for all: the table beside it says which
     metric_names = {"ttft": "TTFT", "tpot": "TPOT", "e2e": "E2E latency"}
     rows = []
     for r in frame.itertuples(index=False):
         late = " (overloaded: the client gave up)" if r.status != "ok" else ""
-        whole = r.metric == "e2e"
         rows.append({"run": names[r.run_id] + late, "metric": metric_names[r.metric],
-                     "measured": _duration(r.measured_ms, whole), "predicted": _duration(r.predicted_ms, whole),
+                     "measured": viz.format_duration(r.measured_ms), "predicted": viz.format_duration(r.predicted_ms),
                      "error": "–" if np.isnan(r.rel_error) else f"{r.rel_error:+.1%}",
-                     "book": _duration(r.book_ms, whole) + (" (falls behind)" if r.book_overloaded else "")})
+                     "book": viz.format_duration(r.book_ms) + (" (falls behind)" if r.book_overloaded else "")})
     return viz.display_table(pd.DataFrame(rows), {
         "run": ("run (load, prompts)", str), "metric": ("mean of", str), "measured": ("measured", str),
         "predicted": ("predicted, as served", str), "error": ("error", str),

@@ -13,7 +13,7 @@ import math
 
 import pandas as pd
 
-from .. import CostModel, get_hardware, get_model, hardware_names, vllm_defaults
+from .. import CostModel, get_hardware, get_model, hardware_names, viz, vllm_defaults
 from . import fact_check, facts, scenes, two_knobs
 
 HOLDS, CONDITIONAL, FAILS = "holds", "holds under stated conditions", "does not hold"
@@ -140,10 +140,6 @@ def _gpus_text() -> str:
     return ", ".join(names[:-1]) + " and " + names[-1]
 
 
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:,.0f} ms"
-
-
 def _rows(n: dict, gpu: str) -> list:
     """(id, the article's claim, scope: model and GPU, verdict, the numbers) for every claim."""
     on, trade, w = GPU_NAME.get(gpu, gpu), n["trade"], n["wins"]
@@ -151,6 +147,14 @@ def _rows(n: dict, gpu: str) -> list:
     knee_ok = abs(n["ridge"] / ARTICLE["knee"] - 1) < 0.01
     best = w.sort_values("p99_itl_ms", kind="stable").iloc[0] if len(w) else None  # best_pair()
     a, caps, f_lo, f_hi = n["attention"], n["caps"], n["fixed_small"], n["fixed_large"]
+    # every duration as the book prints it (batchlab.viz.format_duration): "412 ms", "1.87 s"
+    t = {k: viz.format_duration(n[k], unit="s") for k in ("floor_large_s", "cadence_s", "gap_small_s", "gap_large_s")}
+    t |= {f"{k}_{end}": viz.format_duration(row[k], unit="s") for end, row in (("hi", hi), ("lo", lo))
+          for k in ("itl_max_s", "ttft_s")}
+    t["fixed_s"] = viz.format_duration(f_lo["fixed_s"], unit="s")
+    if best is not None:
+        t |= {k: viz.format_duration(best[k]) for k in ("p99_ttft_ms", "default_p99_ttft_ms", "p99_itl_ms",
+                                                        "default_p99_itl_ms")}
     return [
         ("knee", f"the decode knee of an 8B model sits near batch {ARTICLE['knee']}", f"Llama-3-8B BF16, {on}",
          HOLDS if knee_ok else FAILS, f"ridge point F / BW = {n['ridge']:.1f} sequences"),
@@ -165,20 +169,20 @@ def _rows(n: dict, gpu: str) -> list:
          f"{n['knee_vanishes_at']:.0f} tokens"),
         ("weights", f"{ARTICLE['weights_gb']} GB of weights stream every decode step", f"Llama-3-70B FP8, {on}",
          HOLDS if abs(n["weights_fp8_gb"] / ARTICLE["weights_gb"] - 1) < 0.02 else FAILS,
-         f"{n['weights_fp8_gb']:.1f} GB streamed, {n['floor_large_s'] * 1e3:.1f} ms at full bandwidth"),
+         f"{n['weights_fp8_gb']:.1f} GB streamed, {t['floor_large_s']} at full bandwidth"),
         ("cadence", f"decoding runs at a {ARTICLE['cadence_ms']} ms cadence",
          f"Llama-3-8B BF16 with a loaded batch, {on}; not Llama-3-70B FP8",
          CONDITIONAL if abs(n["cadence_s"] * 1e3 / ARTICLE["cadence_ms"] - 1) < 0.05
          and n["floor_large_s"] * 1e3 > ARTICLE["cadence_ms"] else FAILS,
-         f"8B: {n['cadence_s'] * 1e3:.1f} ms with {n['decoders']} decoders at {scenes.CONTEXT:,} tokens; "
-         f"70B FP8: at least {n['floor_large_s'] * 1e3:.1f} ms at batch 1"),
+         f"8B: {t['cadence_s']} with {n['decoders']} decoders at {scenes.CONTEXT:,} tokens; "
+         f"70B FP8: at least {t['floor_large_s']} at batch 1"),
         ("gap", f"an unchunked {scenes.PROMPT_TOKENS:,}-token prefill is a {ARTICLE['gap_ms']} ms gap",
          f"the number, on {on}: Llama-3-8B BF16 at the {ARTICLE['cadence_ms']} ms cadence stalls "
-         f"{_ms(n['gap_small_s'])}, and Llama-3-70B FP8 cannot come under {_ms(n['gap_large_s'])}; that the gap "
+         f"{t['gap_small_s']}, and Llama-3-70B FP8 cannot come under {t['gap_large_s']}; that the gap "
          "is the whole prefill holds",
          HOLDS if abs(n["gap_small_s"] * 1e3 / ARTICLE["gap_ms"] - 1) < 0.15 else FAILS,
-         f"8B: {_ms(n['gap_small_s'])} calibrated ({ARTICLE['gap_ms']} ms would mean {n['mfu_small']:.0%} MFU); "
-         f"70B FP8: at least {_ms(n['gap_large_s'])} at full FP8 peak ({n['mfu_large']:.0%} MFU needed)"),
+         f"8B: {t['gap_small_s']} calibrated ({ARTICLE['gap_ms']} ms would mean {n['mfu_small']:.0%} MFU); "
+         f"70B FP8: at least {t['gap_large_s']} at full FP8 peak ({n['mfu_large']:.0%} MFU needed)"),
         ("max_num_seqs", f"vLLM defaults max_num_seqs to {ARTICLE['seqs_small']:,} for small models and "
          f"{ARTICLE['seqs_large']} for large ones", f"any model, on {_gpus_text()}",
          FAILS if n["n_disagree"] else HOLDS,
@@ -188,12 +192,12 @@ def _rows(n: dict, gpu: str) -> list:
          f"Llama-3-8B BF16, {on}: one long prompt beside a steady batch, not a loaded server",
          CONDITIONAL if best is not None else HOLDS,
          f"one prompt: budget {int(hi['max_num_batched_tokens']):,} to {int(lo['max_num_batched_tokens'])} takes the "
-         f"tallest gap from {_ms(hi['itl_max_s'])} to {_ms(lo['itl_max_s'])} and TTFT from {_ms(hi['ttft_s'])} to "
-         f"{_ms(lo['ttft_s'])}" + ("" if best is None else
+         f"tallest gap from {t['itl_max_s_hi']} to {t['itl_max_s_lo']} and TTFT from {t['ttft_s_hi']} to "
+         f"{t['ttft_s_lo']}" + ("" if best is None else
                                     f"; at {n['near_rate']} req/s ({int(best['max_num_seqs'])}, "
                                     f"{int(best['max_num_batched_tokens']):,}) beats the default on p99 TTFT "
-                                    f"({best['p99_ttft_ms']:.0f} vs {best['default_p99_ttft_ms']:.0f} ms) and p99 "
-                                    f"ITL ({best['p99_itl_ms']:.0f} vs {best['default_p99_itl_ms']:.0f} ms)")),
+                                    f"({t['p99_ttft_ms']} vs {t['default_p99_ttft_ms']}) and p99 "
+                                    f"ITL ({t['p99_itl_ms']} vs {t['default_p99_itl_ms']})")),
         ("quadratic", "prefill cost is quadratic in prompt length",
          f"Llama-3-8B BF16 at {scenes.PROMPT_TOKENS:,} tokens, any GPU", FAILS if a["share"] < 0.5 else HOLDS,
          f"attention is {a['share']:.0%} of the prefill's FLOP; it matches the linear GEMMs only at "
@@ -208,7 +212,7 @@ def _rows(n: dict, gpu: str) -> list:
          CONDITIONAL if f_lo["fixed_share"] > 2 * f_hi["fixed_share"] else FAILS,
          f"vLLM refuses a budget below max_num_seqs; an {scenes.PROMPT_TOKENS:,}-token prompt takes "
          f"{f_lo['steps']} steps at {f_lo['budget']} tokens, paying the fixed step cost (kernel floors and CPU work) "
-         f"{f_lo['steps']} times: {_ms(f_lo['fixed_s'])}, {f_lo['fixed_share']:.0%} of its prefill, against "
+         f"{f_lo['steps']} times: {t['fixed_s']}, {f_lo['fixed_share']:.0%} of its prefill, against "
          f"{f_hi['fixed_share']:.0%} in {f_hi['steps']} step at {f_hi['budget']:,}"),
     ]
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 from bookpage import Visit, chart_texts, display_formulas, redrawn, set_range
 
+from batchlab import viz
 from batchlab.chapters import facts
 
 pytestmark = pytest.mark.browser
@@ -26,7 +27,7 @@ def _first_token(chart) -> str:
 
 
 def _ttft(name: str) -> str:
-    return f"{facts.value(name):,.0f} ms"
+    return viz.format_duration(facts.value(name))  # the book's rule: "219 ms", "1.20 s"
 
 
 def test_budget_slider_and_chunking_checkbox(page):

@@ -10,7 +10,6 @@ from spec_helpers import axis_titles, marks
 import batchlab as bl
 from batchlab import viz
 from batchlab.chapters import continuous_batching as chapter
-from batchlab.chapters.dynamic_batching import latency_text
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +106,7 @@ def test_gantt_chart_with_highlight_and_last_end(gantt):
     tips = {t["field"]: t["title"] for t in bars["encoding"]["tooltip"]}
     assert tips == {"request": "request", "phase": "phase", "start_s": "from (s)", "end_s": "to (s)",
                     "lasts": "lasts"}  # its value carries its unit: "35.2 ms", "2.68 s"
-    assert {"calculate": latency_text("phase_s"), "as": "lasts"} in bars["transform"]
+    assert {"calculate": viz.duration_text("phase_s", unit="s"), "as": "lasts"} in bars["transform"]
     assert bars["encoding"]["color"]["scale"]["domain"] == list(viz.PHASES)
     assert "datum.request == request" in bars["encoding"]["opacity"]["condition"][0]["test"]
     assert rule["mark"]["type"] == "rule" and rule["encoding"]["x"]["field"] == "last_s"

@@ -336,7 +336,8 @@ def test_picker_frames_are_the_runs_iterations(cost8b, picker):
     paid = split[split["paid"]].groupby("position")["ms"].sum()  # the opaque bars add up to the step
     assert np.allclose(paid.to_numpy(), it["duration_s"] * 1e3, rtol=1e-9)
     lines = frames["readout"][frames["readout"]["position"] == 0]["text"].tolist()
-    assert lines[0] == f"iteration 20 at {it['start_s'].iloc[0]:.2f} s: {it['duration_s'].iloc[0] * 1e3:.1f} ms"
+    took = viz.format_duration(it["duration_s"].iloc[0], unit="s")  # the book's rule: "27.1 ms"
+    assert lines[0] == f"iteration 20 at {it['start_s'].iloc[0]:.2f} s: {took}" and took.endswith(" ms")
     assert chapter.busiest(frames) == int(it["position"].iloc[it["prompt_tokens"].argmax()])
     with pytest.raises(ValueError, match="first_step"):
         chapter.picker_frames(cost8b, res, len(res.steps) - 5, 30)

@@ -13,6 +13,7 @@ import pytest
 from bookpage import chart_texts, set_range
 
 import batchlab as bl
+from batchlab import viz
 from batchlab.chapters import facts, scenes
 from batchlab.chapters import piggybacking as chapter
 
@@ -54,7 +55,7 @@ def expected(cost, res, step: int) -> dict:
     one = rows[rows["step"] == step]
     split = chapter.iteration_split(cost, one, asynchronous=res.knobs["async_scheduling"])
     chunks = one[one["kind"] == "prefill"]
-    return {"duration_ms": f"{res.steps['duration_s'].iloc[step] * 1e3:.1f} ms",
+    return {"duration_ms": viz.format_duration(res.steps["duration_s"].iloc[step], unit="s"),  # the book's rule
             "start": f"{res.steps['start_s'].iloc[step]:.2f} s", "decodes": int((one["kind"] == "decode").sum()),
             "new": int(chunks["new_tokens"].sum()),
             "chunks": {f"request {r:,}": f"{c:,} new + {p:,} cached"

@@ -12,6 +12,7 @@ import itertools
 import pytest
 from bookpage import Visit, chart_texts, redrawn
 
+from batchlab import viz
 from batchlab.chapters import facts
 from batchlab.chapters import prefill_spike as chapter
 
@@ -72,7 +73,7 @@ def test_no_tick_labels_touch_and_no_rule_crosses_a_text(site, browser, width):
             seen.append(gap)
             found = clashes(chart)
             assert not found, f"{model}, {order} at {width} px: {found}"
-        assert seen[0] == f"one gap of {facts.value('spike_gap_ms'):,.0f} ms"  # the 8B mixed step: the fact
+        assert seen[0] == f"one gap of {viz.format_duration(facts.value('spike_gap_ms'))}"  # the 8B mixed step
         assert len(set(seen)) == 4  # every run shows its own gap
         assert not v.errors, v.errors
     finally:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 from bookpage import chart_texts, redrawn, set_range
 
+from batchlab import viz
 from batchlab.chapters import prefix_caching as chapter
 
 pytestmark = pytest.mark.browser
@@ -19,20 +20,11 @@ PAGE = "notebooks/10_prefix_caching"
 
 
 
-def _duration(ms: float) -> str:
-    """What viz.duration_text shows for ``ms``."""
-    if ms < 10:
-        return f"{ms:.2f} ms"
-    if ms < 10_000:
-        return f"{ms:,.0f} ms"
-    return f"{ms / 1e3:,.1f} s" if ms < 100_000 else f"{ms / 1e3:,.0f} s"
-
-
 def _bar_labels(workload: str, pool_gib: float) -> list[str]:
     """The four bar labels the chart should show for this workload and pool (the page's sweep, from the cache)."""
     runs = chapter.chapter_sweep()
     runs = runs[(runs["workload"] == workload) & ~runs["default_pool"] & (runs["pool_gib"] == pool_gib)]
-    return sorted(_duration(v) for v in runs[["median_ttft_ms", "p99_ttft_ms"]].to_numpy().ravel())
+    return sorted(viz.format_duration(v) for v in runs[["median_ttft_ms", "p99_ttft_ms"]].to_numpy().ravel())
 
 
 def _shown_bars(chart) -> list[str]:

@@ -15,6 +15,7 @@ import pytest
 from spec_helpers import walk
 
 import batchlab as bl
+from batchlab import viz
 from batchlab.chapters import two_knobs as chapter
 
 X, Y = "output_throughput", "p99_ttft_ms"
@@ -193,7 +194,7 @@ def test_readout_reads_durations_as_a_reader_writes_them(df):
     readout = spec["vconcat"][0]
     assert [layer["mark"]["type"] for layer in readout["layer"]] == ["text", "text"]
     calc = {c["as"]: c["calculate"] for c in readout["layer"][1]["transform"] if "calculate" in c}
-    assert calc["y_text"] == chapter.duration_expr(Y) and calc["y2_text"] == chapter.duration_expr("p99_itl_ms")
+    assert calc["y_text"] == viz.duration_text(Y) and calc["y2_text"] == viz.duration_text("p99_itl_ms")
     assert "datum.y_text" in calc["label"] and "datum.rate_req_s" in calc["label"]
     refusal = calc["label"].split("? '")[1].split("'")[0]
     assert refusal.startswith("refused by vLLM") and len(refusal) < 50  # fits a phone's column
@@ -204,15 +205,15 @@ def test_readout_reads_durations_as_a_reader_writes_them(df):
     assert "rate_i == 2" in shown["test"]  # every load: every line dark
 
 
-def test_chart_data_round_once_to_what_the_readout_prints():
-    """The chart's durations are rounded once, to the digits the readout prints, so it reads as the table does
-    (249.496 ms: "249 ms" in both, not 249.5 then "250 ms"), and seconds from one second on, as the tables."""
-    got = chapter.display_round_ms([249.496354, 8987.2, 10964.39, 468317.0, np.nan])
-    assert got[:4].tolist() == [249.0, 9000.0, 11000.0, 468000.0] and np.isnan(got[4])
-    assert [chapter.format_ms(v) for v in got[:4]] == [chapter.format_ms(v) for v in (249.496354, 8987.2, 10964.39,
-                                                                                          468317.0)]
-    expr = chapter.duration_expr("v")
-    assert "< 1000" in expr and "< 60000" in expr and "10000" not in expr  # format_ms's thresholds
+def test_chart_data_round_once_to_what_the_readout_prints(df):
+    """The chart's durations are rounded once, to the digits the readout prints (batchlab.viz.round_duration),
+    so it reads as the table does: 249.496 ms is "249 ms" in both, 8,987.2 ms "8.99 s"."""
+    spec = chapter.two_knobs_chart(df, DEFAULTS).to_dict()
+    runs = next(ds for ds in spec["datasets"].values() if Y in ds[0] and "seqs_i" in ds[0])
+    shown = [r[Y] for r in runs if r[Y] is not None]
+    assert shown and all(v == viz.round_duration([v])[0] for v in shown)  # no digit the readout hides
+    raw = df.loc[df[Y].notna(), Y]
+    assert sorted(viz.format_duration(v) for v in shown) == sorted(viz.format_duration(v) for v in raw)
 
 
 def test_tooltips_are_titled_in_words_with_units(df):
@@ -282,16 +283,15 @@ def test_two_knobs_chart_data(df):
 
 
 def test_tables_read_in_units():
-    assert [chapter.format_ms(v) for v in (412.4, 1286.0, 468317.0, np.nan)] == ["412 ms", "1.3 s", "468 s",
-                                                                               "refused"]
-    df = pd.DataFrame({"rate_req_s": [19.8] * 2, "load": [0.95] * 2, "max_num_seqs": [8, 1024],
-                       "p99_ttft_ms": [468317.0, 422.0], "itl_ratio": [1.95, 1.0]})
+    df = pd.DataFrame({"rate_req_s": [19.8] * 4, "load": [0.95] * 4, "max_num_seqs": [8, 1024, 512, 16],
+                       "p99_ttft_ms": [468317.0, 422.0, 1286.0, np.nan], "itl_ratio": [1.95, 1.0, 1.0, 1.0]})
     runs = chapter.runs_table(df, {"rate_req_s": "rate (req/s)", "load": "load", "max_num_seqs": "max_num_seqs",
                                    "p99_ttft_ms": "p99 TTFT", "itl_ratio": "p99 ITL, default / pick"}).to_html()
     assert "422\u00a0ms" in runs  # a value and its unit stay on one line
     runs = runs.replace("\u00a0", " ")
     assert "19.8" in runs and "95%" in runs and "468 s" in runs and "422 ms" in runs and "1,024" in runs
     assert "×1.9" in runs and "468317" not in runs
+    assert "1.29 s" in runs and "refused" in runs  # the book's rule; a pair vLLM refuses was never run
     gpus = chapter.vllm_defaults_style(chapter.vllm_defaults_table(["a100-80gb"]).set_index("gpu")).to_html()
     assert "HBM (GiB)" in gpus and "2,048" in gpus and "hbm_gib" not in gpus
     assert "A100 80GB" in gpus and ">index<" not in gpus and ">gpu<" not in gpus  # the page's names, no stray index

@@ -15,7 +15,6 @@ import batchlab as bl
 from batchlab import calibrate, viz
 from batchlab._data import DATA_DIR
 from batchlab.chapters import validation as chapter
-from batchlab.chapters import validation_e2e
 
 
 @pytest.fixture(scope="module")
@@ -398,12 +397,15 @@ def test_setup_tables_show_the_book_beside_the_runs(closest):
     assert late["measured"].str.endswith(" s").all()  # the overloaded stage's 107-second TTFT reads in seconds
 
 
-def test_duration_reads_ms_then_seconds():
-    assert validation_e2e._duration(27.14) == "27.1 ms"
-    assert validation_e2e._duration(9_999.0) == "9,999.0 ms"
-    assert validation_e2e._duration(106_644.7) == "107 s"
-    assert validation_e2e._duration(2_070.0, seconds=True) == "2.07 s"
-    assert validation_e2e._duration(16_060.0, seconds=True) == "16.1 s"
+def test_setup_error_table_reads_durations_by_the_book_rule(closest):
+    """Every time in the table is batchlab.viz.format_duration of its ms: "27.1 ms", "2.07 s", "107 s"."""
+    close, frame = closest
+    errors = chapter.setup_error_table(frame, close).data
+    want = [viz.format_duration(v) for v in frame["measured_ms"]]
+    assert errors["measured"].tolist() == want
+    assert errors["predicted, as served"].tolist() == [viz.format_duration(v) for v in frame["predicted_ms"]]
+    assert any(t.endswith(" ms") for t in want) and any(t.endswith(" s") for t in want)
+    assert not any("," in t.split(" ")[0] and t.endswith(" ms") for t in want)  # never "9,999.0 ms"
 
 
 def test_within_sentence_follows_the_numbers():

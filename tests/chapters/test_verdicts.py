@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from batchlab import viz
 from batchlab.chapters import scenes
 from batchlab.chapters import verdicts as chapter
 
@@ -56,6 +57,22 @@ def test_fixed_step_cost_counts_the_chunks(cost8b):
     assert small["total_s"] > whole["total_s"] and small["fixed_share"] > 5 * whole["fixed_share"]
 
 
+def test_every_duration_in_a_verdict_reads_by_the_book_rule(table):
+    """The numbers the verdicts rest on print durations as the rest of the book does (batchlab.viz.format_duration):
+    three significant digits and their unit; only the article's own round numbers (400 ms, 20 ms) keep theirs."""
+    article = {f"{chapter.ARTICLE['gap_ms']} ms", f"{chapter.ARTICLE['cadence_ms']} ms"}
+    numbers = " ".join(table["numbers"]) + " " + " ".join(table["scope"])
+    shown = set(re.findall(r"(?<![\d.,])[\d.,]+ m?s\b", numbers)) - article
+    assert len(shown) >= 8
+    for text in shown:
+        value, unit = text.split(" ")
+        assert viz.format_duration(float(value.replace(",", "")), unit=unit) == text, text
+    chunking = chapter.verdict("chunking")  # the real strings, as the page reads them
+    assert "tallest gap from 213 ms to 27.3 ms and TTFT from 219 ms to 568 ms" in table.set_index("id").loc[
+        "chunking", "numbers"], chunking
+    assert "16 times: 28.5 ms" in table.set_index("id").loc["launch_overhead", "numbers"]
+
+
 def test_both_better_finds_pairs_that_beat_the_default_on_both():
     sweep = pd.DataFrame({"max_num_seqs": [1024, 1024, 256, 2048], "max_num_batched_tokens": [8192, 4096, 4096, 1024],
                           "p99_ttft_ms": [420.0, 410.0, 430.0, 100.0], "p99_itl_ms": [160.0, 105.0, 90.0, 50.0],
@@ -84,7 +101,7 @@ def test_one_verdict_per_claim(table):
     # The 400 ms gap: neither model gives it, and the verdict says what each gives and that the mechanism holds.
     gap, numbers = chapter.verdict("gap"), chapter.claim_numbers()
     assert "Llama-3-8B BF16" in gap and "Llama-3-70B FP8" in gap and "whole prefill holds" in gap
-    assert f"{numbers['gap_small_s'] * 1e3:,.0f} ms" in gap and numbers["gap_small_s"] < 0.85 * 0.400
+    assert viz.format_duration(numbers["gap_small_s"], unit="s") in gap and numbers["gap_small_s"] < 0.85 * 0.400
     # The knee: the verdict names both batch sizes, and which one the KV cache pulls down.
     assert "for the knee" in chapter.verdict("kv_knee") and "compute crossover" in chapter.verdict("kv_knee")
     # Chapter 08's own grid: a smaller budget than the default improves p99 TTFT and p99 ITL at once.
