@@ -177,3 +177,117 @@ def display_formulas(visit: Visit) -> tuple[list[dict], list[dict]]:
     formulas = visit.page.evaluate(_FORMULAS_JS)
     wide = [f for f in formulas if f["width"] > f["box"] + 1 or f["scroll"] > f["box"] + 1 or f["width"] <= 0]
     return formulas, wide
+
+
+# What lies on what in a chart's svg, in the chart's current state (shared by tests/test_book_browser.py and the
+# chapters' browser tests; see ``clashes``). Boxes are screen boxes; a text's box is shrunk by 1 px each side, so a
+# line that only grazes its edge does not count.
+TICK_GAP_PX = 3.0  # two tick labels of an axis side by side closer than this read as one number ("1,0001,100")
+CLASHES_JS = r"""(el, tickGap) => {
+  const svg = el.querySelector('svg.marks');
+  if (!svg) return {clashes: [], outside: ['no svg'], wider: false, ticks: [], legend: []};
+  const frame = svg.getBoundingClientRect();
+  const hidden = n => { for (let e = n; e && e !== svg; e = e.parentElement) {
+      if (e.getAttribute('opacity') === '0' || getComputedStyle(e).opacity === '0'
+          || e.getAttribute('display') === 'none') return true; }
+    return n.getAttribute('fill-opacity') === '0' && (n.getAttribute('stroke') || 'none') === 'none'; };
+  const shown = t => t.textContent.trim() && !hidden(t);
+  const boxes = [];
+  for (const t of svg.querySelectorAll('g.mark-text.role-mark text')) {
+    if (!shown(t)) continue;
+    const b = t.getBoundingClientRect();
+    boxes.push({text: t.textContent.trim(), l: b.left + 1, t: b.top + 1, r: b.right - 1, b: b.bottom - 1});
+  }
+  const clashes = [];
+  const hit = (x, y, kind) => boxes.forEach(
+    b => { if (x > b.l && x < b.r && y > b.t && y < b.b) clashes.push(b.text + ' | ' + kind); });
+  for (const p of svg.querySelectorAll('g.mark-line.role-mark path, g.mark-rule.role-mark line,'
+                                       + ' g.mark-rule.role-mark path')) {
+    if (hidden(p) || !p.getTotalLength) continue;
+    const m = p.getScreenCTM(), n = p.getTotalLength();
+    for (let s = 0; s <= n; s += 1) {
+      const q = p.getPointAtLength(s);
+      hit(m.a * q.x + m.c * q.y + m.e, m.b * q.x + m.d * q.y + m.f, p.closest('g.mark-line') ? 'line' : 'rule');
+    }
+  }
+  for (const p of svg.querySelectorAll('g.mark-symbol.role-mark path, g.mark-rect.role-mark path')) {
+    if (hidden(p)) continue;
+    const r = p.getBoundingClientRect();
+    if (r.width === 0 && r.height === 0) continue;
+    boxes.forEach(b => { if (r.left < b.r && b.l < r.right && r.top < b.b && b.t < r.bottom)
+      clashes.push(b.text + ' | ' + (p.closest('g.mark-symbol') ? 'point' : 'bar')); });
+  }
+  // Tick labels of one axis whose glyphs share a row and stand closer side by side than tickGap px, or overlap.
+  // A text's svg box is its font's whole line, taller than its digits (stacked labels of a dense band axis would
+  // always "overlap"), so each label is measured by its ink: its advance across, its glyphs' height, in the frame of
+  // its own rotation (a rotated label's screen box is a tilted rectangle's bounding box, wider than the label).
+  const ctx = document.createElement('canvas').getContext('2d');
+  const ink = t => {
+    const bb = t.getBBox(), m = t.getScreenCTM(), cs = getComputedStyle(t);
+    ctx.font = `${cs.fontStyle} ${cs.fontWeight} ${cs.fontSize} ${cs.fontFamily}`;
+    const q = ctx.measureText(t.textContent), base = bb.y + q.fontBoundingBoxAscent;
+    const top = base - q.actualBoundingBoxAscent, bottom = base + q.actualBoundingBoxDescent;
+    const turn = -Math.atan2(m.b, m.a), cos = Math.cos(turn), sin = Math.sin(turn);
+    const pts = [[bb.x, top], [bb.x + bb.width, top], [bb.x, bottom], [bb.x + bb.width, bottom]].map(([x, y]) => {
+      const X = m.a * x + m.c * y + m.e, Y = m.b * x + m.d * y + m.f;
+      return [X * cos - Y * sin, X * sin + Y * cos];
+    });
+    const xs = pts.map(p => p[0]), ys = pts.map(p => p[1]);
+    return {l: Math.min(...xs), r: Math.max(...xs), t: Math.min(...ys), b: Math.max(...ys)};
+  };
+  const ticks = [];
+  for (const axis of svg.querySelectorAll('g.role-axis')) {
+    const labels = [...axis.querySelectorAll('g.role-axis-label text')].filter(shown).map(
+      t => ({text: t.textContent.trim(), b: ink(t)}));
+    for (let i = 0; i < labels.length; i++) for (let j = i + 1; j < labels.length; j++) {
+      const a = labels[i].b, b = labels[j].b;
+      if (a.t < b.b && b.t < a.b && a.l < b.r + tickGap && b.l < a.r + tickGap)
+        ticks.push(labels[i].text + ' | ' + labels[j].text);
+    }
+  }
+  // Legend entries (a symbol and its label; a gradient legend's labels), of every legend of the chart.
+  const entries = [];
+  for (const t of svg.querySelectorAll('g.role-legend-label text')) {
+    if (!shown(t)) continue;
+    const own = t.closest('g.role-scope > g') || t.parentElement;
+    let [l, tp, r, bt] = [Infinity, Infinity, -Infinity, -Infinity];
+    for (const n of [t, ...own.querySelectorAll('g.role-legend-symbol path')]) {
+      if (hidden(n)) continue;
+      const b = n.getBoundingClientRect();
+      [l, tp, r, bt] = [Math.min(l, b.left), Math.min(tp, b.top), Math.max(r, b.right), Math.max(bt, b.bottom)];
+    }
+    entries.push({text: t.textContent.trim(), l, t: tp, r, b: bt});
+  }
+  const legend = [];
+  for (let i = 0; i < entries.length; i++) for (let j = i + 1; j < entries.length; j++) {
+    const a = entries[i], b = entries[j];
+    if (a.l < b.r - 0.5 && b.l < a.r - 0.5 && a.t < b.b - 0.5 && b.t < a.b - 0.5)
+      legend.push(a.text + ' | ' + b.text);
+  }
+  const outside = [];
+  for (const n of svg.querySelectorAll('text, path, line')) {
+    if (hidden(n) || n.closest('[clip-path]')) continue;  // a clipped mark shows only inside its group's frame
+    const r = n.getBoundingClientRect();
+    if (r.width === 0 && r.height === 0) continue;
+    if (r.left < frame.left - 1 || r.right > frame.right + 1 || r.top < frame.top - 1 || r.bottom > frame.bottom + 1)
+      outside.push(n.tagName === 'text' ? n.textContent.trim().slice(0, 30) : n.tagName + ' of ' + (
+        (n.closest('g[class*="role-"]') || svg).getAttribute('class') || 'svg').replace(/ ?(mark-\S+|\S+_marks)/g, ''));
+  }
+  return {clashes: [...new Set(clashes)], outside: [...new Set(outside)],
+          wider: frame.width > el.getBoundingClientRect().width + 1, ticks: [...new Set(ticks)],
+          legend: [...new Set(legend)]};
+}"""
+
+
+def clashes(chart) -> dict:
+    """What is wrong with the drawn chart's layout in its current state, by kind (each empty when all is well):
+
+    * ``clashes``: a text of a mark (not an axis or legend) with a line or rule passing through its box, or a point
+      or bar overlapping it ("label | rule");
+    * ``outside``: anything drawn outside the svg, which clips it (Vega sizes the svg once);
+    * ``wider``: True if the svg is wider than the chart's container;
+    * ``ticks``: two tick labels of one axis overlapping, or side by side closer than ``TICK_GAP_PX``;
+    * ``legend``: two legend entries (symbol and label) overlapping.
+
+    ``any(clashes(chart).values())`` is False for a clean chart."""
+    return chart.evaluate(CLASHES_JS, TICK_GAP_PX)

@@ -52,6 +52,8 @@ html[data-theme="dark"] .batchlab-chart .vega-bindings { color-scheme: light; ba
   border-radius: 2px; padding: 0.3rem 0.5rem; }
 html[data-theme="dark"] .batchlab-chart .vega-bindings input { accent-color: #0072B2; }
 html[data-theme="dark"] .batchlab-chart svg.marks { background: #ffffff; border-radius: 2px; }
+/* A table's cells get room around their text (the browser's default is 1 px, so columns ran together). */
+article table th, article table td { padding: 0.25rem 0.6rem; }
 /* On a phone a table wider than its column becomes one block per row, each cell under its header
    (batchlab-tables.js), so every column stays readable instead of hiding behind a sideways scroll. */
 table.batchlab-stacked, table.batchlab-stacked tbody, table.batchlab-stacked tr, table.batchlab-stacked td,
@@ -64,7 +66,6 @@ table.batchlab-stacked td[data-label]::before, table.batchlab-stacked tbody th[d
   content: attr(data-label) ": "; font-weight: 600; }
 /* In a wider column a table too wide for it scrolls sideways; its first column stays put, so a row keeps its name. */
 table.batchlab-wide { display: block; max-width: 100%; overflow-x: auto; font-size: 0.9em; }
-table.batchlab-wide td, table.batchlab-wide th { padding: 0.25rem 0.6rem; }
 table.batchlab-wide .batchlab-short { white-space: nowrap; }
 table.batchlab-wide tr > :first-child { position: sticky; left: 0; z-index: 1;
   background: var(--pst-color-background, #fff); }
@@ -74,13 +75,32 @@ table.batchlab-wide tr > :first-child { position: sticky; left: 0; z-index: 1;
 # first column (the row's name) kept in view. Redone when the window is resized.
 TABLES_JS = """(function () {
   var NARROW_PX = 600;  // a column narrower than this is a phone's: stack; a wider one scrolls, first column kept
+  // Each column's label: the texts of its header cells, row by row, joined (a cell spanning rows or columns counts
+  // once per column). A pandas Styler with a named index writes two header rows: the columns' names, then the
+  // index's name under an empty corner; so the first column is named by the second row, the others by the first.
   function headers(table) {
-    var rows = table.tHead ? table.tHead.rows : [];
-    if (!rows.length) { return []; }
-    var last = rows[rows.length - 1], out = [];
-    for (var i = 0; i < last.cells.length; i++) {
-      var c = last.cells[i], span = c.colSpan || 1;
-      for (var k = 0; k < span; k++) { out.push(c.textContent.trim()); }
+    var rows = table.tHead ? table.tHead.rows : [], grid = [];
+    for (var r = 0; r < rows.length; r++) {
+      grid[r] = grid[r] || [];
+      for (var i = 0, col = 0; i < rows[r].cells.length; i++) {
+        var c = rows[r].cells[i];
+        while (grid[r][col]) { col++; }
+        for (var dr = 0; dr < (c.rowSpan || 1); dr++) {
+          grid[r + dr] = grid[r + dr] || [];
+          for (var k = 0; k < (c.colSpan || 1); k++) { grid[r + dr][col + k] = c; }
+        }
+        col += c.colSpan || 1;
+      }
+    }
+    var out = [], width = 0;
+    for (var w = 0; w < rows.length; w++) { width = Math.max(width, grid[w].length); }
+    for (var j = 0; j < width; j++) {
+      var parts = [];
+      for (var q = 0; q < rows.length; q++) {
+        var cell = grid[q][j], text = cell ? cell.textContent.trim() : "";
+        if (text && (!q || grid[q - 1][j] !== cell)) { parts.push(text); }
+      }
+      out.push(parts.join(" "));
     }
     return out;
   }

@@ -10,8 +10,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from bookpage import Visit
-from test_dynamic_batching_browser import CLASHES_JS
+from bookpage import Visit, clashes
 
 pytestmark = pytest.mark.browser
 
@@ -60,8 +59,8 @@ def test_no_text_lies_on_a_bar_at_either_width(site, browser, width):
                                                   r"[\d.]+ s", t)]
         assert len(ends) == 3, titles  # one per panel, above its bars
         for i in range(v.charts().count()):
-            r = v.chart(i).evaluate(CLASHES_JS)
-            assert not r["clashes"] and not r["outside"] and not r["wider"], (width, i, r)
+            r = clashes(v.chart(i))
+            assert not any(r.values()), (width, i, r)
         assert not v.errors
     finally:
         v.close()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from bookpage import Visit, chart_texts, set_range
+from bookpage import Visit, chart_texts, clashes, set_range
 
 from batchlab.chapters import dynamic_batching as chapter
 from batchlab.chapters import facts
@@ -22,51 +22,6 @@ pytestmark = pytest.mark.browser
 PAGE = "notebooks/02_dynamic_batching"
 VALUE = re.compile(r"(static|dynamic|continuous|chunked): ([\d,.]+) (ms|s)(" + re.escape(chapter.OFF_AXIS) + ")?")
 
-# Text of a chart's marks (not axes or legends) lying on another mark: a line or rule passing through its box, or
-# a point or bar overlapping it; and anything drawn outside the svg, which clips it. Shared by the browser tests
-# of chapters 1 to 3 (imported from here).
-CLASHES_JS = r"""el => {
-  const svg = el.querySelector('svg.marks');
-  const frame = svg.getBoundingClientRect();
-  const hidden = n => { for (let e = n; e && e !== svg; e = e.parentElement) {
-      if (e.getAttribute('opacity') === '0' || getComputedStyle(e).opacity === '0') return true; }
-    return n.getAttribute('fill-opacity') === '0' && (n.getAttribute('stroke') || 'none') === 'none'; };
-  const boxes = [];
-  for (const t of svg.querySelectorAll('g.mark-text.role-mark text')) {
-    if (!t.textContent.trim() || hidden(t)) continue;
-    const b = t.getBoundingClientRect();
-    boxes.push({text: t.textContent.trim(), l: b.left + 1, t: b.top + 1, r: b.right - 1, b: b.bottom - 1});
-  }
-  const clashes = [];
-  const hit = (x, y, kind) => boxes.forEach(
-    b => { if (x > b.l && x < b.r && y > b.t && y < b.b) clashes.push(b.text + ' | ' + kind); });
-  for (const p of svg.querySelectorAll('g.mark-line.role-mark path, g.mark-rule.role-mark line,'
-                                       + ' g.mark-rule.role-mark path')) {
-    if (hidden(p) || !p.getTotalLength) continue;
-    const m = p.getScreenCTM(), n = p.getTotalLength();
-    for (let s = 0; s <= n; s += 1) {
-      const q = p.getPointAtLength(s);
-      hit(m.a * q.x + m.c * q.y + m.e, m.b * q.x + m.d * q.y + m.f, p.closest('g.mark-line') ? 'line' : 'rule');
-    }
-  }
-  for (const p of svg.querySelectorAll('g.mark-symbol.role-mark path, g.mark-rect.role-mark path')) {
-    if (hidden(p)) continue;
-    const r = p.getBoundingClientRect();
-    if (r.width === 0 && r.height === 0) continue;
-    boxes.forEach(b => { if (r.left < b.r && b.l < r.right && r.top < b.b && b.t < r.bottom)
-      clashes.push(b.text + ' | ' + (p.closest('g.mark-symbol') ? 'point' : 'bar')); });
-  }
-  const outside = [];
-  for (const n of svg.querySelectorAll('text, path, line')) {
-    if (hidden(n)) continue;
-    const r = n.getBoundingClientRect();
-    if (r.width === 0 && r.height === 0) continue;
-    if (r.left < frame.left - 1 || r.right > frame.right + 1 || r.top < frame.top - 1 || r.bottom > frame.bottom + 1)
-      outside.push((n.textContent || n.tagName).trim().slice(0, 30));
-  }
-  return {clashes: [...new Set(clashes)], outside: [...new Set(outside)],
-          wider: frame.width > el.getBoundingClientRect().width + 1};
-}"""
 
 
 @pytest.fixture
@@ -160,7 +115,8 @@ def test_the_metric_menu_rereads_every_line(chart):
 def test_every_state_fits_and_no_text_lies_on_a_mark(site, browser, width):
     """Every metric at every load (the timer the text reads), and the whole delay range at three loads: nothing
     drawn outside the svg (Vega sizes it once, so a wider axis would be clipped), the svg no wider than its
-    column, and no text of a mark on a line, rule or point."""
+    column, and no text of a mark on a line, rule or point, no
+    two tick labels of an axis run together and no legend entries overlap (``bookpage.clashes``)."""
     v = Visit(browser, f"{site}/{PAGE}.html", width=width)
     try:
         c = v.chart(0)
@@ -174,9 +130,9 @@ def test_every_state_fits_and_no_text_lies_on_a_mark(site, browser, width):
             for name, value in states:
                 set_range(c.locator(f".vega-bindings input[name={name}]"), value)
                 v.page.wait_for_timeout(30)
-                r = c.evaluate(CLASHES_JS)
+                r = clashes(c)
                 seen += 1
-                if r["clashes"] or r["outside"] or r["wider"]:
+                if any(r.values()):
                     bad.append((metric, name, value, r))
         assert seen >= 100 and not bad, f"at {width} px: {bad[:5]}"
     finally:

@@ -10,8 +10,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from bookpage import Visit, chart_texts, set_range
-from test_dynamic_batching_browser import CLASHES_JS
+from bookpage import Visit, chart_texts, clashes, set_range
 
 from batchlab.chapters import facts
 
@@ -64,8 +63,8 @@ def test_the_readout_lies_on_no_mark_at_any_cv(site, browser, width):
         for cv in [f"{0.05 * i:.2f}" for i in range(41)]:
             set_range(slider, cv)
             v.page.wait_for_timeout(30)
-            r = chart.evaluate(CLASHES_JS)
-            if r["clashes"] or r["outside"] or r["wider"]:
+            r = clashes(chart)
+            if any(r.values()):
                 bad.append((cv, r))
         assert not bad, f"at {width} px: {bad[:4]}"
     finally:
