@@ -47,6 +47,9 @@ def test_budget_caps_every_token_decodes_included(cost8b):
     decoders = scenes.default_decoders(cost8b)
     assert caps["most_tokens"] == 1024 and caps["decodes"] == decoders
     assert caps["most_prefill"] == 1024 - decoders  # the prompt gets what the decodes leave
+    # So the budget does cap the prefill tokens, with the condition the verdict states.
+    assert chapter.verdict("budget_caps").startswith("holds under stated conditions (")
+    assert "counts decode tokens too, which take theirs first" in chapter.verdict("budget_caps")
 
 
 def test_fixed_step_cost_counts_the_chunks(cost8b):
@@ -93,7 +96,8 @@ def test_one_verdict_per_claim(table):
         "knee": "holds", "kv_knee": "holds under stated conditions", "weights": "holds",
         "cadence": "holds under stated conditions",
         "gap": "does not hold", "max_num_seqs": "does not hold",
-        "chunking": "holds under stated conditions", "quadratic": "does not hold", "budget_caps": "does not hold",
+        "chunking": "holds under stated conditions", "quadratic": "does not hold",
+        "budget_caps": "holds under stated conditions",
         "launch_overhead": "holds under stated conditions"}
     for row in table.itertuples():  # every verdict names the model and the GPU it is about
         assert row.text == f"{row.verdict} ({row.scope})" == chapter.verdict(row.id)
