@@ -1,6 +1,6 @@
 """Chapter 11, one engine or two kinds of engine: replicas behind a router, and prefill split from decode.
 
-For a fixed number of GPUs, the request rate each configuration sustains with 90 % of requests inside a TTFT and a
+For a fixed number of GPUs, the request rate each configuration sustains with 90% of requests inside a TTFT and a
 TPOT bound (goodput, as DistServe defines it), per GPU, on three workloads and three SLOs; the KV transfer a split
 pays; and routing over replicas on Mooncake's conversation trace and on shared system prompts. Every run is
 :func:`batchlab.simulate_fleet` or :func:`batchlab.simulate_disaggregated`; the grid runs on any
@@ -26,7 +26,7 @@ WORKLOADS = {  # the chapter's name -> length preset (prompt and output lengths 
     "code": "azure-code-2023",
 }
 SMALL_BUDGET = 512  # tokens: the colocated setting with a small budget (Sarathi-Serve's regime)
-TIE_TOLERANCE = 0.05  # best split and best colocated within 5 % of each other: a tie
+TIE_TOLERANCE = 0.05  # best split and best colocated within 5% of each other: a tie
 WHOLE = "colocated, whole prompts"
 CHUNKED_DEFAULT = "colocated, chunked (8,192)"  # vLLM's defaults on an H100: chunked prefill, 8,192 tokens
 CHUNKED_SMALL = f"colocated, chunked ({SMALL_BUDGET})"
@@ -202,11 +202,11 @@ def goodput_chart(table: pd.DataFrame, workload_name: str | None = None, slo: in
                        legend=alt.Legend(orient="bottom", title=None))
     data = table.assign(kind=np.where(table["config"].str.startswith("colocated"), "colocated", "split"))
     total = f"goodput, all {n_gpus:,} GPUs (req/s)"
-    tips = [viz.tip("config", "configuration", kind="N"), viz.tip("slo_label", "SLO (90 % of requests)", kind="N"),
+    tips = [viz.tip("config", "configuration", kind="N"), viz.tip("slo_label", "SLO (90% of requests)", kind="N"),
             viz.tip("goodput_per_gpu", "goodput per GPU (req/s)", ".2f"), viz.tip("goodput_req_s", total, ".1f")]
     return alt.Chart(data).transform_filter(f"{at_slo} && {at_workload}").mark_bar().encode(
         y=alt.Y("config:N", sort=order, title=None, axis=alt.Axis(labelLimit=260)),
-        x=alt.X("goodput_per_gpu:Q", title="goodput per GPU (req/s with 90 % inside the SLO)"),
+        x=alt.X("goodput_per_gpu:Q", title="goodput per GPU (req/s with 90% inside the SLO)"),
         color=colour, tooltip=tips,
     ).properties(width=420, height=200, usermeta={"narrow": {"margin": 200}}  # a phone: room for the names
                  ).add_params(slo_param, pick)
@@ -280,7 +280,7 @@ def winners_display(table: pd.DataFrame):
         winner=np.where(table["kind"] == "tie", f"either (within {TIE_TOLERANCE:.0%})", table["winner"]),
         split_text=[f"{g:.2f} ({c})" for g, c in zip(table["best_split"], table["best_split_config"])])
     return viz.display_table(shown, {
-        "workload": ("workload", "{}"), "slo_label": ("SLO (90 % of requests)", "{}"), "kind": ("wins", "{}"),
+        "workload": ("workload", "{}"), "slo_label": ("SLO (90% of requests)", "{}"), "kind": ("wins", "{}"),
         "winner": ("configuration", "{}"),
         "best_colocated": ("best colocated (req/s per GPU)", "{:.2f}"),
         "split_text": ("best split (req/s per GPU)", "{}")})
@@ -318,7 +318,7 @@ def chapter_routing() -> pd.DataFrame:
 
 
 @facts.fact("disagg_tight_slo", scene=FLEET, chapter="disaggregation",
-            text="the tightest of the chapter's three SLOs, met by 90 % of requests (DistServe's goodput)")
+            text="the tightest of the chapter's three SLOs, met by 90% of requests (DistServe's goodput)")
 def _tight_slo():
     return slo_label(*SLOS[0])
 
@@ -345,9 +345,9 @@ def _count_fact(kind: str, text: str):
 
 
 _count_fact("colocated", "of the chapter's workload-and-SLO cells, how many colocated replicas win by more than "
-                         "5 % (chunked prefill, every time)")
-_count_fact("split", "of the chapter's workload-and-SLO cells, how many a prefill/decode split wins by more than 5 %")
-_count_fact("tie", "of the chapter's workload-and-SLO cells, how many end within 5 % (a tie)")
+                         "5% (chunked prefill, every time)")
+_count_fact("split", "of the chapter's workload-and-SLO cells, how many a prefill/decode split wins by more than 5%")
+_count_fact("tie", "of the chapter's workload-and-SLO cells, how many end within 5% (a tie)")
 
 
 @facts.fact("disagg_cells", scene=FLEET, chapter="disaggregation",

@@ -1,5 +1,5 @@
 """Chapter 11 (one engine or two kinds): the configurations, goodput read from a rate grid (interpolated where the
-SLO attainment crosses 90 %), the winners table, the grid on an executor equal to the grid run here, the KV
+SLO attainment crosses 90%), the winners table, the grid on an executor equal to the grid run here, the KV
 transfer table, the routing table, the chart's spec (workload and SLO radio buttons, the SLO labelled in ms, every
 tooltip titled in words) and the facts other pages quote."""
 from __future__ import annotations
@@ -95,7 +95,7 @@ def test_winners_and_chart(small_grid):
         if row["kind"] != "tie":
             assert cell.set_index("config").loc[row["winner"], "goodput_per_gpu"] == cell["goodput_per_gpu"].max()
     shown = chapter.winners_display(win).data
-    assert list(shown.columns) == ["workload", "SLO (90 % of requests)", "wins", "configuration",
+    assert list(shown.columns) == ["workload", "SLO (90% of requests)", "wins", "configuration",
                                    "best colocated (req/s per GPU)", "best split (req/s per GPU)"]
     for (_, row), (_, out) in zip(win.iterrows(), shown.iterrows()):  # a tie names no winner; a split says which
         assert out["configuration"] == ("either (within 5%)" if row["kind"] == "tie" else row["winner"])
