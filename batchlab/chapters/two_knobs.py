@@ -632,6 +632,12 @@ for _args in (("default_p99_ttft_ms", "default_p99_ttft_ms", "ms", ",.0f", "p99 
     _near_fact(*_args)
 
 
+@facts.fact("knobs_over_default_p99_itl_ms", scene="conv", unit="ms", fmt=",.0f", chapter="two_knobs",
+            text="p99 ITL of vLLM's default knobs at the conversation scene's overload rate (120% of capacity)")
+def _over_default_itl():
+    return float(conv_picks().loc[conv_rates()["over"], "default_p99_itl_ms"])
+
+
 @facts.fact("over_peak_running", scene="conv", unit="sequences", fmt=",.0f", chapter="two_knobs",
             text="the most sequences running at once with vLLM's defaults at the conversation scene's overload "
                  "rate (120 % of capacity): the KV pool, not max_num_seqs, caps the batch")
