@@ -134,7 +134,8 @@ def tradeoff_chart(trade: pd.DataFrame, width: int = 420, height: int = 260):
     Returns
     -------
     altair chart; a slider over the budget, shown in tokens (the parameter holds its log2), rings the chosen
-    point and reads its numbers; the decoders' cadence before the prompt arrived is a dashed rule.
+    point (the one point without a budget label) and reads its numbers; the decoders' cadence before the prompt
+    arrived is a dashed rule.
     """
     param, at = viz.grid_param("log2_tokens", trade["log2_tokens"], "max_num_batched_tokens (tokens)",
                                value=float(trade["log2_tokens"].max()),
@@ -159,7 +160,9 @@ def tradeoff_chart(trade: pd.DataFrame, width: int = 420, height: int = 260):
         " + (" + viz.duration_text("itl_max_ms") + ")"))
     return alt.layer(
         base.mark_line(point=True, color=viz.PALETTE[0]).encode(order="max_num_batched_tokens:Q", tooltip=tooltip),
-        base.mark_text(align="left", dx=7, dy=-7, color="#555555").encode(
+        # Every budget but the chosen one labels its point: the chosen one's ring would cross its label, and the
+        # bold readout names it.
+        base.transform_filter(f"!({at})").mark_text(align="left", dx=7, dy=-7, color="#555555").encode(
             text=alt.Text("max_num_batched_tokens:Q", format=",")),
         cadence.mark_rule(color="#888888", strokeDash=[4, 3]).encode(y="itl_max_ms:Q"),
         cadence.mark_text(align="left", baseline="top", dy=3, color="#555555").encode(  # under the line

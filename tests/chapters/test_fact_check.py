@@ -113,7 +113,9 @@ def test_tradeoff_chart_spec():
     kinds = [layer["mark"]["type"] if isinstance(layer["mark"], dict) else layer["mark"] for layer in spec["layer"]]
     assert kinds.count("text") == 3 and {"line", "rule", "point"} <= set(kinds)
     filters = list(walk(spec, "filter"))
-    assert len(filters) == 2 and all("log2_tokens" in f for f in filters)  # ring and readout follow the slider
+    assert len(filters) == 3 and all("log2_tokens" in f for f in filters)  # labels, ring and readout follow it
+    labels = spec["layer"][1]
+    assert labels["transform"] == [{"filter": f"!({filters[-1]})"}]  # the ringed point alone has no budget label
     line = spec["layer"][0]["encoding"]
     assert line["x"]["field"] == "ttft_ms" and line["y"]["field"] == "itl_max_ms"
     assert line["x"]["title"] == "newcomer's TTFT (ms)" and line["y"]["title"] == "tallest decoder gap (ms)"
