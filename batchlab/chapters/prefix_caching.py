@@ -357,34 +357,49 @@ def pool_chart(sweep: pd.DataFrame, default_pool_gib: float, workload: str | Non
     Parameters
     ----------
     sweep : DataFrame
-        :func:`pool_sweep` rows on a grid of pools (``default_pool`` False), caching on and off.
+        :func:`pool_sweep` rows on a grid of pools (``default_pool`` False) and, if run, on vLLM's own pool
+        (``default_pool`` True), caching on and off.
     default_pool_gib : float
         vLLM's own pool on the chapter's GPU (GiB), drawn as a rule.
     workload, pool_gib
-        Selected when the page opens (defaults: the first workload, the pool nearest ``default_pool_gib``).
+        Selected when the page opens (defaults: the first workload, vLLM's own pool if the sweep ran it, else the
+        grid pool nearest ``default_pool_gib``).
 
     Returns
     -------
-    altair chart; a slider picks the pool (labelled in GiB, one step per doubling) and radio buttons the
-    workload, which rings the point on the hit-rate curve and redraws the TTFT bars.
+    altair chart; a slider picks the pool (one stop per pool, in ascending size: the doublings and vLLM's own,
+    labelled in words) and radio buttons the workload, which rings the point on the hit-rate curve and redraws
+    the TTFT bars.
     """
-    grid = sweep[~sweep["default_pool"]]
-    if grid.empty:
+    if sweep[~sweep["default_pool"]].empty:
         raise ValueError("sweep has no run on a grid pool (pools_gib other than None)")
-    names = list(dict.fromkeys(grid["workload"]))
+    names = list(dict.fromkeys(sweep["workload"]))
     if workload is not None and workload not in names:
         raise ValueError(f"workload must be one of {names}, got {workload!r}")
-    gibs = sorted(grid["pool_gib"].unique())
-    near = min(gibs, key=lambda g: abs(np.log2(g / (pool_gib or default_pool_gib))))
-    pool, at_pool = viz.grid_param("log2_pool_gib", grid["log2_pool_gib"], "KV pool", value=float(np.log2(near)),
-                                   labels=[_pool_label(round(g)) for g in gibs])
+    stops = pool_stops(sweep)
+    first = stops[stops["default_pool"]] if pool_gib is None and stops["default_pool"].any() else \
+        stops.iloc[[int(np.abs(np.log2(stops["pool_gib"] / (pool_gib or default_pool_gib))).argmin())]]
+    labels = stops.drop_duplicates("pool_step").sort_values("pool_step")["pool_label"].tolist()
+    pool, at_pool = viz.grid_param("pool_step", stops["pool_step"], "KV pool", value=float(first["pool_step"].iloc[0]),
+                                   labels=labels)
     pick = alt.param(name="workload_pick", value=workload or names[0],
                      bind=alt.binding_radio(options=names, name="workload "))
-    return alt.hconcat(_hit_curve(grid, names, default_pool_gib, at_pool), _ttft_bars(grid, at_pool)
+    return alt.hconcat(_hit_curve(stops, names, default_pool_gib, at_pool), _ttft_bars(stops, at_pool)
                        ).resolve_scale(color="independent").add_params(pool, pick)
 
 
-_POOL_TIPS = [viz.tip("workload", "workload", kind="N"), viz.tip("pool_gib", "KV pool (GiB)", ",.0f"),
+def pool_stops(sweep: pd.DataFrame) -> pd.DataFrame:
+    """The sweep's runs with the pool as a slider stop: ``pool_step`` (0, 1, ... in ascending pool size, so the
+    doublings and vLLM's own pool are evenly spaced stops) and ``pool_label`` ("16 GiB", "1 TiB", "vLLM's pool,
+    55.8 GiB"). Used by :func:`pool_chart`."""
+    gib = sweep["pool_gib"].round(6)
+    step = {g: i for i, g in enumerate(sorted(gib.unique()))}
+    own = sweep["default_pool"].astype(bool)
+    label = [f"vLLM's pool, {g:.1f} GiB" if d else _pool_label(round(g)) for g, d in zip(sweep["pool_gib"], own)]
+    return sweep.assign(pool_step=gib.map(step).astype(float), pool_label=label, default_pool=own)
+
+
+_POOL_TIPS = [viz.tip("workload", "workload", kind="N"), viz.tip("pool_label", "KV pool", kind="N"),  # "55.8 GiB"
               viz.tip("prefix_cache_hit_rate", "prefix-cache hit rate", ".1%"),
               viz.tip("preemptions", "preemptions", ",d")]
 
@@ -392,7 +407,7 @@ _POOL_TIPS = [viz.tip("workload", "workload", kind="N"), viz.tip("pool_gib", "KV
 def _hit_curve(grid, names, default_pool_gib, at_pool):
     """Left panel of :func:`pool_chart`: hit rate against pool size, one line per workload."""
     on = grid[grid["caching"]]
-    pools = sorted(on["pool_gib"].round(6).unique().tolist())
+    pools = sorted(on.loc[~on["default_pool"], "pool_gib"].round(6).unique().tolist())  # the doublings
     ticks = pools[::2] if len(pools) > 5 else pools  # every other doubling: labels of neighbours would touch
     x = alt.X("pool_gib:Q", title="KV pool (log scale)", scale=alt.Scale(type="log", base=2),
               axis=alt.Axis(values=ticks,
@@ -418,16 +433,19 @@ def _hit_curve(grid, names, default_pool_gib, at_pool):
 
 def _ttft_bars(grid, at_pool):
     """Right panel of :func:`pool_chart`: median and p99 TTFT, caching on and off, at the chosen workload and pool.
-    The axis is in seconds (Mooncake's p99 runs to seconds); each bar reads in ms below 10 s, in s above."""
-    long = grid.melt(id_vars=["workload", "caching", "log2_pool_gib", "pool_gib", "prefix_cache_hit_rate"],
+    Bars and ticks read by the book's duration rule (:func:`batchlab.viz.duration_text`): ms below 1 s, s above."""
+    long = grid.melt(id_vars=["workload", "caching", "pool_step", "pool_gib", "prefix_cache_hit_rate"],
                      value_vars=["median_ttft_ms", "p99_ttft_ms"], var_name="stat", value_name="ttft_ms")
     long["stat"] = long["stat"].map({"median_ttft_ms": "median", "p99_ttft_ms": "p99"})
     long["cache"] = np.where(long["caching"], "caching on", "caching off")
-    long["ttft_s"] = long["ttft_ms"] / 1e3
     chosen = alt.Chart(long).transform_filter(f"datum.workload == workload_pick && {at_pool}").transform_calculate(
         ttft_text=viz.duration_text("ttft_ms"))
     x = alt.X("stat:N", title=None, sort=["median", "p99"], axis=alt.Axis(labelAngle=0))
-    y = alt.Y("ttft_s:Q", title="time to first token (s)")
+    # In ms, each tick with its unit by the bars' own rule ("500 ms", "1.5 s"), so the axis reads as the labels;
+    # a fixed extent keeps the panel inside the svg when another workload's ticks are wider (Vega sizes it once).
+    y = alt.Y("ttft_ms:Q", title="time to first token", axis=alt.Axis(
+        labelExpr="datum.value == 0 ? '0' : datum.value < 1000 ? format(datum.value, ',~g') + ' ms' : "
+                  "format(datum.value / 1000, ',~g') + ' s'", minExtent=52, maxExtent=52))
     order = ["caching off", "caching on"]
     offset = alt.XOffset("cache:N", sort=order)
     tips = [viz.tip("cache", "prefix caching", kind="N"), viz.tip("stat", "statistic", kind="N"),

@@ -180,24 +180,39 @@ def test_pool_chart_spec(small_sweep):
     binds = {p["name"]: p["bind"] for p in spec["params"]}
     assert binds["workload_pick"]["input"] == "radio"
     assert binds["workload_pick"]["options"] == ["shared system prompts", "multi-turn chats"]
-    # The pool is a slider, one step per doubling, its value shown in GiB.
-    assert binds["log2_pool_gib"]["input"] == "range"
-    assert (binds["log2_pool_gib"]["min"], binds["log2_pool_gib"]["max"], binds["log2_pool_gib"]["step"]) == (4, 6, 1)
-    assert viz._slider_labels(spec)["log2_pool_gib"]["labels"] == ["16 GiB", "32 GiB", "64 GiB"]
+    # The pool is a slider, one stop per pool in ascending size, vLLM's own among them, its value in words.
+    stops = chapter.pool_stops(small_sweep)
+    n = stops["pool_step"].nunique()
+    assert binds["pool_step"]["input"] == "range"
+    assert (binds["pool_step"]["min"], binds["pool_step"]["max"], binds["pool_step"]["step"]) == (0, n - 1, 1)
+    labels = viz._slider_labels(spec)["pool_step"]["labels"]
+    grid = [chapter._pool_label(round(g)) for g in sorted(small_sweep.loc[~small_sweep["default_pool"], "pool_gib"])]
+    assert [t for t in labels if not t.startswith("vLLM's pool")] == list(dict.fromkeys(grid))
+    if small_sweep["default_pool"].any():
+        own = small_sweep.loc[small_sweep["default_pool"], "pool_gib"].iloc[0]
+        assert f"vLLM's pool, {own:.1f} GiB" in labels
     start = {p["name"]: p["value"] for p in spec["params"]}
-    assert start["log2_pool_gib"] == 5.0 and start["workload_pick"] == "shared system prompts"
+    assert labels[int(start["pool_step"])] == "32 GiB" and start["workload_pick"] == "shared system prompts"
     assert {"line", "point", "rule", "text", "bar"} <= marks(spec)
-    assert {"prefix-cache hit rate", "time to first token (s)", "KV pool (log scale)"} <= set(axis_titles(spec))
-    # Both panels filter on the two controls; the default pool is a rule, not a grid point.
+    assert {"prefix-cache hit rate", "time to first token", "KV pool (log scale)"} <= set(axis_titles(spec))
     filters = [f for f in walk(spec, "filter") if isinstance(f, str)]
-    assert any("workload_pick" in f and "log2_pool_gib" in f for f in filters)
-    assert all(not v for data in spec["datasets"].values() for row in data for k, v in row.items()
-               if k == "default_pool")
+    assert any("workload_pick" in f and "pool_step" in f for f in filters)
     assert_tooltips_in_words(spec)
-    # The bars read their TTFT in ms below 10 s and in s above (the axis is in seconds).
+    # The bars read their TTFT by the book's rule, and so do the ticks of their axis (in ms, "1.5 s" above 1 s).
     assert any(c.get("as") == "ttft_text" for c in walk(spec, "transform") for c in c if isinstance(c, dict))
+    bar_axis = next(e["y"]["axis"] for e in walk(spec, "encoding") if e.get("y", {}).get("field") == "ttft_ms")
+    assert "' ms'" in bar_axis["labelExpr"] and "' s'" in bar_axis["labelExpr"]
+    assert bar_axis["minExtent"] == bar_axis["maxExtent"]  # the panel does not move when the ticks widen
     with pytest.raises(ValueError, match="workload must be one of"):
         chapter.pool_chart(small_sweep, 55.8, workload="chats")
+
+
+def test_pool_chart_opens_on_vllms_pool(small_sweep):
+    if not small_sweep["default_pool"].any():
+        pytest.skip("the small sweep has no run on vLLM's pool")
+    spec = chapter.pool_chart(small_sweep, 55.8).to_dict()
+    start = {p["name"]: p["value"] for p in spec["params"]}
+    assert viz._slider_labels(spec)["pool_step"]["labels"][int(start["pool_step"])].startswith("vLLM's pool, ")
 
 
 def test_gain_and_other_tables(small_sweep):
