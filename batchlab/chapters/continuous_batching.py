@@ -274,8 +274,8 @@ def occupancy_panels_chart(df: pd.DataFrame, facet: str = "policy"):
     color = alt.Color("measure:N", title=None, legend=alt.Legend(orient="top"),
                       scale=alt.Scale(domain=list(OCCUPANCY_COLORS), range=list(OCCUPANCY_COLORS.values())))
     tips = [viz.tip(facet, facet, kind="N"), viz.tip("time_s", "from (s)", ",.3f"),
-            viz.tip("end_s", "to (s)", ",.3f"), viz.tip("held", "slots held", "d"),
-            viz.tip("generating", "rows generating", "d")]
+            viz.tip("end_s", "to (s)", ",.3f"), viz.tip("held", "slots held (sequences)", "d"),
+            viz.tip("generating", "rows generating (sequences)", "d")]
     base = alt.Chart().transform_calculate(held="datum['slots held']", generating="datum['rows generating']")
     long = base.transform_fold(list(OCCUPANCY_COLORS), as_=["measure", "rows"])
     generating = long.transform_filter("datum.measure == 'rows generating'").mark_rect(opacity=0.45).encode(

@@ -193,8 +193,9 @@ def padding_chart(summary: pd.DataFrame, batches: pd.DataFrame | None = None, cv
                 axis=alt.Axis(format=",.0f", tickCount=4)),
         y=alt.Y("row:O", title="rows of the first batch", axis=alt.Axis(labels=False, ticks=False)),
         color=alt.Color("kind:N", title=None, scale=kinds, legend=alt.Legend(orient="top")),
-        tooltip=[viz.tip("row", "row (1 = shortest output)", kind="O"), viz.tip("kind", "tokens", kind="N"),
-                 viz.tip("tokens", "decode steps (tokens)", ",.0f"), viz.tip(cv, "output-length CV", ".2f")],
+        tooltip=[viz.tip("row", "row (1 = shortest output)", kind="O"),
+                 viz.tip("kind", "part: generated / padding", kind="N"),
+                 viz.tip("tokens", "decode steps", ",.0f"), viz.tip(cv, "output-length CV", ".2f")],
     ).transform_filter(at_cv).properties(width=190, height=240)
     return alt.hconcat(curves, rows).resolve_scale(color="independent").add_params(param)
 

@@ -160,8 +160,8 @@ def test_occupancy_panels_chart(runs):
     assert generating["encoding"]["color"]["scale"]["domain"] == ["slots held", "rows generating"]
     # An invisible rect per interval answers a hover anywhere in the panel, its fields titled in words.
     assert hover["mark"] == {"type": "rect", "opacity": 0}
-    assert [t["title"] for t in hover["encoding"]["tooltip"]] == ["policy", "from (s)", "to (s)", "slots held",
-                                                                   "rows generating"]
+    assert [t["title"] for t in hover["encoding"]["tooltip"]] == [
+        "policy", "from (s)", "to (s)", "slots held (sequences)", "rows generating (sequences)"]
     # The intervals tile each run: every one ends where the next starts, and the run's last has no length.
     data = pd.DataFrame(next(iter(spec["datasets"].values())))
     for _, run in data.groupby("policy"):
