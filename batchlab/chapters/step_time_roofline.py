@@ -19,7 +19,6 @@ from . import facts, scenes
 
 COST_COLORS = {"roofline": viz.PALETTE[0], "calibrated": viz.PALETTE[1]}
 GPU_NAMES = {"h100-sxm": "H100 SXM", "h200": "H200"}  # hardware preset -> the name a reader knows
-MS_TEXT = "',.3r'"  # d3 format of the readout's step times: three significant digits ("8.06", "10.9", "1,310")
 
 
 def gpu_name(hardware: str) -> str:
@@ -182,8 +181,9 @@ def step_time_roofline_chart(curves: pd.DataFrame, knees: pd.DataFrame, batch: f
     -------
     altair chart. Two sliders, labelled in sequences (parameter ``batch_step``, which holds ``batch_index``) and
     in tokens (``context_step``, holding ``context_index``), pick the batch and the context. Above each panel a
-    readout gives, per cost model (pure roofline and calibrated), the step time at that pair in ms and the knee at
-    that context in sequences; in the panel a grey rule and rings mark the batch on the curves, and a dashed rule
+    readout gives, per cost model (pure roofline and calibrated), the step time at that pair as
+    :func:`batchlab.viz.duration_text` prints it ("8.06 ms", "1.34 s") and the knee at that context in
+    sequences; in the panel a grey rule and rings mark the batch on the curves, and a dashed rule
     and a dot mark each curve's knee (no text in the plot: the readout names the values, so no rule crosses a
     label). Curves are dotted and faded where the batch's KV cache would not fit vLLM's KV pool
     (:meth:`batchlab.CostModel.kv_pool_blocks`); every point of a curve and every knee dot has a tooltip.
@@ -231,7 +231,8 @@ def _readout(data: pd.DataFrame, knees: pd.DataFrame, at_batch: str, at_ctx: str
     vLLM's KV pool."""
     sel = alt.Chart(data).transform_filter(f"{at_batch} && {at_ctx}")
     knee = alt.Chart(knees).transform_filter(at_ctx)
-    where = ("'step time at ' + format(datum.batch, ',') + (datum.batch == 1 ? ' sequence' : ' sequences') + "
+    # "step at 2,048 sequences × 16,384 tokens": the longest fits a 250 px panel ("step time at" ran past it)
+    where = ("'step at ' + format(datum.batch, ',') + (datum.batch == 1 ? ' sequence' : ' sequences') + "
              "(datum.context == 0 ? ', no cache' : ' × ' + format(datum.context, ',') + ' tokens')")
     text = {"align": "left", "baseline": "top", "fontSize": 11}
     layers = [
@@ -243,7 +244,7 @@ def _readout(data: pd.DataFrame, knees: pd.DataFrame, at_batch: str, at_ctx: str
     for i, cost in enumerate(COST_COLORS):  # one column per cost model: its step time, then its knee
         layers += [
             sel.transform_filter(f"datum.cost == '{cost}'").transform_calculate(
-                text=f"'{cost} ' + format(datum.step_time_ms, {MS_TEXT}) + ' ms'").mark_text(
+                text=f"'{cost} ' + ({viz.duration_text('step_time_ms')})").mark_text(
                 **text, fontWeight="bold", color=COST_COLORS[cost]).encode(
                 x=alt.value(i * width / 2), y=alt.value(30), text="text:N"),
             knee.transform_filter(f"datum.cost == '{cost}'").transform_calculate(

@@ -162,7 +162,7 @@ def test_step_time_roofline_chart(frames):
         assert line["color"]["field"] == "cost"
         texts = [lyr["transform"] for lyr in readout["layer"] if "transform" in lyr]
         calcs = [t["calculate"] for tr in texts for t in tr if "calculate" in t]
-        assert any("step_time_ms" in c and "' ms'" in c for c in calcs)  # the readout reads the step time in ms
+        assert any(viz.duration_text("step_time_ms") in c for c in calcs)  # the book's one duration rule
     titles = set(axis_titles(spec))
     assert titles == {"batch size (sequences)", "step time (ms)"} and all(t == t.lower() for t in titles)
 
@@ -208,7 +208,7 @@ def test_readout_names_each_knee_and_the_plot_has_no_text(frames):
             assert any("context_step" in f for f in filters) and f"datum.cost == '{cost}'" in filters
             assert layer["mark"]["color"] == chapter.COST_COLORS[cost]
         where = next(t["calculate"] for layer in readout["layer"] for t in layer.get("transform", [])
-                     if "calculate" in t and "step time at" in t["calculate"])
+                     if "calculate" in t and "'step at '" in t["calculate"])
         assert "', no cache'" in where  # context 0 reads "no cache", not "× 0 tokens"
         note = [layer for layer in readout["layer"] if layer.get("encoding", {}).get("text", {}).get("value")]
         assert [n["encoding"]["text"]["value"] for n in note] == ["their KV cache would not fit vLLM's KV pool"]

@@ -19,8 +19,8 @@ pytestmark = pytest.mark.browser
 PAGE = "notebooks/04_step_time_roofline"
 GPUS = {"H100 SXM": "h100-sxm", "H200": "h200"}  # the panels' headers -> hardware presets
 MODEL = "llama-3-8b"  # the page's model, BF16
-STEP = re.compile(r"step time at ([\d,]+) sequences?(?: × ([\d,]+) tokens|, no cache)")
-TIME = re.compile(r"(roofline|calibrated) ([\d,.]+) ms")
+STEP = re.compile(r"step at ([\d,]+) sequences?(?: × ([\d,]+) tokens|, no cache)")
+TIME = re.compile(r"(roofline|calibrated) ([\d,.]+) (ms|s)")  # viz.format_duration: "8.06 ms", "1.34 s"
 KNEE = re.compile(r"knee ([\d,.]+)")
 
 # Every text of the chart's svg with its box on the screen, in document order (panel by panel).
@@ -73,7 +73,7 @@ def panels(chart) -> dict:
         if m := STEP.fullmatch(text):
             out[gpu]["batch"], out[gpu]["context"] = _number(m.group(1)), _number(m.group(2) or "0")
         elif m := TIME.fullmatch(text):
-            out[gpu][m.group(1)] = _number(m.group(2))
+            out[gpu][m.group(1)] = _number(m.group(2)) * (1e3 if m.group(3) == "s" else 1)  # ms
         elif m := KNEE.match(text):
             out[gpu]["knees"].append((_number(m.group(1)), t["x"]))
     return out
