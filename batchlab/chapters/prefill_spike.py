@@ -21,12 +21,14 @@ from . import facts, scenes
 SPIKE_ORDERS = {"mixed step (Orca)": False, "prefill-only step (vLLM V0)": True}  # label -> prefill_only_steps
 N_BEHIND = 6  # short requests sent while the long prompt is being prefilled (the facts spike_behind_*)
 BEHIND_TOKENS = 256  # their prompt tokens
+SENT_TITLE = "time since the long prompt was sent (s)"  # the chart's clock: zero at its client's send
+RIGHT_PAD_PX = 14  # half the widest x tick label ("1.2", centred on the axis's last tick) and a margin
 
 
 class Spike(NamedTuple):
     """One prefill-spike run, from :func:`prefill_spike`. Used in chapters 5 and 12."""
 
-    itl: pd.DataFrame  # scenes.decoder_gaps: time_s since the long prompt arrived, itl_s, sequences
+    itl: pd.DataFrame  # scenes.decoder_gaps: time_s since the long prompt was sent, itl_s, sequences
     behind: pd.DataFrame  # short requests: arrival_s (after the long prompt's), ttft_s with, ttft_baseline_s without
     summary: dict  # the numbers the page reads (seconds unless named otherwise)
     run: object  # SimResult with the long prompt
@@ -115,7 +117,7 @@ def spike_scenarios(scenarios: dict, orders: dict = SPIKE_ORDERS, **kw):
     Returns
     -------
     itl : DataFrame
-        Decoder gaps with ``model`` and ``order`` columns, ``time_s`` (s, since the long prompt arrived),
+        Decoder gaps with ``model`` and ``order`` columns, ``time_s`` (s, since the long prompt was sent),
         ``itl_ms`` and ``sequences``.
     behind : DataFrame
         The short requests: ``model``, ``order``, ``arrival_ms`` (after the long prompt), ``run`` ("with the
@@ -183,15 +185,16 @@ SCENARIO_ROWS = {"cadence_s": "decode cadence", "itl_max_s": "longest gap", "adm
 
 
 def scenario_table(summary: pd.DataFrame):
-    """:func:`spike_scenarios`' summary as the page shows it: one row per quantity (times in ms), one column per
-    model and scheduler order, so four runs fit the text column side by side.
+    """:func:`spike_scenarios`' summary as the page shows it: one row per quantity, one column per model and
+    scheduler order, so four runs fit the text column side by side. The data is in ms; each cell reads as
+    :func:`batchlab.viz.format_duration` prints it ("20.0 ms", "1.10 s"), the unit in the cell.
 
     Used in chapter 5.
     """
     runs = [f"{m}, {o}" for m, o in zip(summary["model"], summary["order"])]
     shown = (summary[list(SCENARIO_ROWS)] * 1e3).T.set_axis(runs, axis=1)
     shown.insert(0, "quantity", list(SCENARIO_ROWS.values()))
-    return viz.display_table(shown, {"quantity": ("time (ms)", str), **{r: (r, "{:,.1f}".format) for r in runs}})
+    return viz.display_table(shown, {"quantity": ("time", str), **{r: (r, viz.format_duration) for r in runs}})
 
 
 def _radio(name: str, options, label: str):
@@ -210,7 +213,7 @@ def spike_chart(itl: pd.DataFrame, behind: pd.DataFrame, reference_ms: float | N
     Parameters
     ----------
     itl : DataFrame
-        ``model``, ``order``, ``time_s`` (s since the long prompt arrived), ``itl_ms``, ``sequences``
+        ``model``, ``order``, ``time_s`` (s since the long prompt was sent), ``itl_ms``, ``sequences``
         (:func:`spike_scenarios`).
     behind : DataFrame
         ``model``, ``order``, ``arrival_ms``, ``run`` and ``ttft_ms`` of the requests queued behind it.
@@ -234,11 +237,11 @@ def spike_chart(itl: pd.DataFrame, behind: pd.DataFrame, reference_ms: float | N
     widest = label_extent(itl["itl_ms"], behind["ttft_ms"], reference_ms or 0)
     y_axis = alt.Axis(minExtent=widest, titlePadding=8, format=",.0f")
     ms_axis = alt.Axis(tickCount=6, labelSeparation=8, format=",.0f")  # no two labels touching ("1,0001,100")
-    x = alt.X("time_s:Q", title="time since the long prompt arrived (s)",  # no two labels touching
-              axis=alt.Axis(tickCount=6, labelSeparation=8, labelFlush=False))
+    # zero is the long prompt's send, as in admission_table; no two labels touching
+    x = alt.X("time_s:Q", title=SENT_TITLE, axis=alt.Axis(tickCount=6, labelSeparation=8, labelFlush=False))
     y = alt.Y("itl_ms:Q", title=viz.title("itl_ms"), axis=y_axis)
     base = alt.Chart(itl).transform_filter(pick)
-    gap_tips = [viz.tip("time_s", "time since the long prompt arrived (s)", ".3f"), viz.tip("itl_ms", fmt=",.1f"),
+    gap_tips = [viz.tip("time_s", SENT_TITLE, ".3f"), viz.tip("itl_ms", fmt=",.1f"),
                 viz.tip("sequences", "decoders with this gap (sequences)", ",")]
     top = base.transform_joinaggregate(top="max(itl_ms)", lo="min(time_s)", hi="max(time_s)").transform_filter(
         "datum.itl_ms == datum.top").transform_calculate(
@@ -264,7 +267,7 @@ def spike_chart(itl: pd.DataFrame, behind: pd.DataFrame, reference_ms: float | N
     return alt.vconcat(alt.layer(*layers).properties(width=width, height=height),
                        ttft.properties(width=width, height=int(height * 0.6))).resolve_legend(
         color="independent").add_params(model, order).properties(  # the legend sits with its panel
-        padding={"left": 12, "top": 5, "right": 5, "bottom": 5})
+        padding={"left": 12, "top": 5, "right": RIGHT_PAD_PX, "bottom": 5})
 
 
 def label_extent(*values, px_per_char: int = 7) -> int:
@@ -329,7 +332,7 @@ def _behind_tokens():
 
 
 @facts.fact("prefill8_ideal_ms", scene="llama8", unit="ms", fmt=".0f", chapter="prefill_spike",
-            text="the 8,000-token prefill of Llama-3-8B BF16 alone at 100 % of the H100's dense BF16 peak")
+            text="the 8,000-token prefill of Llama-3-8B BF16 alone at 100% of the H100's dense BF16 peak")
 def _prefill8():
     return scenes.scene("llama8").cost().ideal().prefill_time(scenes.PROMPT_TOKENS) * 1e3
 
@@ -341,7 +344,7 @@ def _prefill8_cal():
 
 
 @facts.fact("prefill70_ideal_ms", scene="llama70", unit="ms", fmt=".0f", chapter="prefill_spike",
-            text="the 8,000-token prefill of Llama-3-70B FP8 alone at 100 % of the H100's dense FP8 peak")
+            text="the 8,000-token prefill of Llama-3-70B FP8 alone at 100% of the H100's dense FP8 peak")
 def _prefill70():
     return scenes.scene("llama70").cost().ideal().prefill_time(scenes.PROMPT_TOKENS) * 1e3
 

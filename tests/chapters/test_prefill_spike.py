@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from spec_helpers import axis_titles, marks, walk
 
+from batchlab import viz
 from batchlab.chapters import prefill_spike as chapter
 
 SMALL = dict(n_decoders=32, context=1024, prompt_tokens=4000, tail_steps=20)
@@ -139,12 +140,14 @@ def test_admission_table_marks_the_prompt_step_in_ms(orca):
 def test_scenario_table_in_ms_with_words(frames):
     _, _, summary, _ = frames
     shown = chapter.scenario_table(summary)
-    data = shown.data.set_index("time (ms)")
+    data = shown.data.set_index("time")
     runs = [f"{m}, {o}" for m, o in zip(summary["model"], summary["order"])]
     assert list(data.columns) == runs and len(runs) == 4  # one column per run: four fit the text column
     np.testing.assert_allclose(data.loc["longest gap"].astype(float), summary["itl_max_s"] * 1e3)
     html = shown.to_html()
     assert "longest gap" in html and "itl_max" not in html and "cadence_s" not in html
+    for v in summary["itl_max_s"]:  # each cell in the book's one duration rule: "196 ms", "1.10 s"
+        assert f">{viz.format_duration(v, 's')}<" in html
 
 
 def test_spike_chart(frames):
