@@ -78,9 +78,10 @@ def _budget_label(config: str, tokens: int) -> str:
 
 
 def budget_table(points: pd.DataFrame):
-    """:func:`chunk_budget_sweep`'s points for the page: per budget the slices, the worst gap and the TTFT (ms).
+    """:func:`chunk_budget_sweep`'s points for the page: per budget the slices, the worst gap and the TTFT.
 
-    Used in chapter 6.
+    Used in chapter 6. The data is in ms; each duration reads as :func:`batchlab.viz.format_duration` prints it
+    ("21.5 ms", "1.22 s"), the unit in the cell.
     """
     df = points.assign(budget=[_budget_label(c, int(t)) for c, t in zip(points["config"],
                                                                       points["max_num_batched_tokens"])],
@@ -88,8 +89,8 @@ def budget_table(points: pd.DataFrame):
     return viz.display_table(df, {
         "budget": ("max_num_batched_tokens (tokens)", "{}"), "largest_chunk_tokens": ("largest slice (tokens)",
                                                                                       "{:,d}"),
-        "chunks": ("slices", "{:d}"), "itl_max_ms": ("decoders' worst gap (ms)", "{:,.1f}"),
-        "ttft_ms": ("newcomer's TTFT (ms)", "{:,.0f}")})
+        "chunks": ("slices", "{:d}"), "itl_max_ms": ("decoders' worst gap", viz.format_duration),
+        "ttft_ms": ("newcomer's TTFT", viz.format_duration)})
 
 
 def async_change(points: pd.DataFrame, late: pd.DataFrame) -> pd.DataFrame:
@@ -161,6 +162,7 @@ def fit_chunk_hyperbola(itl_max_s, ttft_s, prompt_tokens: int, latency_s: float 
     return fit._replace(max_ttft_error=float(np.abs(fit.ttft_s(u) / v - 1).max()))
 
 
+SENT_TITLE = "time since the long prompt was sent (s)"  # the timeline's clock: zero at its client's send, as TTFT's
 _SETTING = ("datum.config == 'chunked' ? 'chunked, budget ' + format(datum.max_num_batched_tokens, ',') + ' tokens'"
             " : 'chunking off'")  # a run as the reader names it (tooltips, the first-token label)
 _POINT_TIPS = [viz.tip("setting", "setting", kind="N"), viz.tip("itl_ms", "decoders' worst gap (ms)", ".1f"),
@@ -230,9 +232,9 @@ def chunking_chart(points: pd.DataFrame, timeline: pd.DataFrame, curve: pd.DataF
 def _chunking_timeline(points, timeline, chosen):
     """Lower panel of :func:`chunking_chart`: the decoders' gaps at the chosen run, the first token ruled."""
     lo, hi = float(timeline["time_s"].min()), float(timeline["time_s"].max())
-    x = alt.X("time_s:Q", title="time since the long prompt arrived (s)", scale=alt.Scale(domain=[lo, hi]))
+    x = alt.X("time_s:Q", title=SENT_TITLE, scale=alt.Scale(domain=[lo, hi]))
     top = float(timeline["itl_s"].max() * 1e3 * 1.08)
-    tips = [viz.tip("time_s", "time since the long prompt arrived (s)", ".3f"),
+    tips = [viz.tip("time_s", SENT_TITLE, ".3f"),
             viz.tip("itl_ms", "decoders' gap between two tokens (ms)", ".1f"),
             viz.tip("sequences", "decoders with this gap (sequences)", ",d")]
     bars = alt.Chart(timeline).transform_filter(chosen).transform_calculate(itl_ms="datum.itl_s * 1000").mark_bar(

@@ -183,9 +183,11 @@ def test_page_tables_and_async_change(sweep):
     points, _ = sweep
     table = chapter.budget_table(points)
     assert list(table.data.columns) == ["max_num_batched_tokens (tokens)", "largest slice (tokens)", "slices",
-                                        "decoders' worst gap (ms)", "newcomer's TTFT (ms)"]
+                                        "decoders' worst gap", "newcomer's TTFT"]
     assert table.data.iloc[-1, 0] == "8,192, chunking off" and table.data.iloc[0, 0] == f"{BUDGETS[0]:,}"
-    assert np.allclose(table.data["newcomer's TTFT (ms)"], points["ttft_s"] * 1e3)
+    assert np.allclose(table.data["newcomer's TTFT"], points["ttft_s"] * 1e3)
+    shown = table.to_html()  # each duration in the book's one rule, its unit in the cell
+    assert all(f">{viz.format_duration(v, 's')}<" in shown for v in (*points["ttft_s"], *points["itl_max_s"]))
     later = points.assign(ttft_s=points["ttft_s"] + 0.002, itl_max_s=points["itl_max_s"] - 0.001)
     change = chapter.async_change(points, later)
     assert list(change.index.names) == ["config", "max_num_batched_tokens"]
