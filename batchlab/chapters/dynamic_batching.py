@@ -163,7 +163,7 @@ def capacity_table(capacity: pd.DataFrame, capacity_req_s: float):
 
 
 def _with_words(runs: pd.DataFrame) -> pd.DataFrame:
-    return runs.assign(load_words=[f"{100 * float(x):g} %" for x in runs["load"]],
+    return runs.assign(load_words=[f"{100 * float(x):g}%" for x in runs["load"]],
                        words=runs["policy"].map(POLICY_WORDS))
 
 
@@ -227,7 +227,7 @@ def latency_frame(runs: pd.DataFrame) -> pd.DataFrame:
 def load_labels(long: pd.DataFrame) -> list[str]:
     """What the load slider shows at each position: the rate and its share of capacity. Used in chapter 02."""
     at = long.groupby("load_index")[["rate_req_s", "load"]].first()
-    return [f"{r:.{2 if r < 1 else 1}f} req/s, {100 * share:g} % of capacity"
+    return [f"{r:.{2 if r < 1 else 1}f} req/s, {100 * share:g}% of capacity"
             for r, share in zip(at["rate_req_s"], at["load"])]
 
 
@@ -265,11 +265,11 @@ def delay_panel_marks(long: pd.DataFrame) -> pd.DataFrame:
 
 
 def _readout(long: pd.DataFrame, load, delay, metric):
-    """Lines above the panels: the selected metric, load and delay, then each policy's value there."""
+    """Lines under the panels: the selected metric, load and delay, then each policy's value there."""
     at = f"datum.load_index == {load.name} && datum.metric == {metric.name}"
     picked = f"{at} && (datum.policy != 'dynamic' || abs(datum.max_queue_delay_ms - {delay.name}) < 1e-6)"
     where = ("'at ' + format(datum.rate_req_s, datum.rate_req_s < 1 ? '.2f' : '.1f') + ' req/s, '"
-             " + format(100 * datum.load, '~g') + ' % of capacity'")
+             " + format(100 * datum.load, '~g') + '% of capacity'")
     timer = f"'max queue delay ' + format({delay.name}, ',.0f') + ' ms'"
     line = ("datum.policy + ': ' + (" + viz.duration_text("latency_s", unit="s") + ") + (datum.off_axis ? "
             f"'{OFF_AXIS}' : '')")
@@ -303,13 +303,13 @@ def delay_load_chart(runs: pd.DataFrame, rules: pd.DataFrame, delay_ms: float = 
 
     Returns
     -------
-    altair chart: a readout (the selected metric, load and delay, and each policy's value there, with a note
-    where static batching is above the delay panel's axis) above the two panels. The load panel has log axes, a
-    rule at the selected load and a ring on each policy there; the delay panel a linear axis from zero on which
-    dynamic batching's curve is drawn against the other policies' lines (static's only where it fits,
-    :func:`delay_panel_marks`). The legend names the lines; no text sits among them. Both y axes keep one width
-    (:data:`Y_EXTENT`), so every state of the controls fits the width the chart was drawn at. Every point and
-    line answers a hover, each value with its unit.
+    altair chart: the two panels, then a readout (the selected metric, load and delay, and each policy's value
+    there, with a note where static batching is above the delay panel's axis), right above the controls.
+    The load panel has log axes, a rule at the selected load and a ring on each policy there; the delay panel a
+    linear axis from zero on which dynamic batching's curve is drawn against the other policies' lines (static's
+    only where it fits, :func:`delay_panel_marks`). The legend names the lines; no text sits among them. Both y
+    axes keep one width (:data:`Y_EXTENT`), so every state of the controls fits the width the chart was drawn
+    at. Every point and line answers a hover, each value with its unit.
     """
     long = latency_frame(runs)
     marks = delay_panel_marks(long)
@@ -348,8 +348,11 @@ def delay_load_chart(runs: pd.DataFrame, rules: pd.DataFrame, delay_ms: float = 
         alt.Chart(rules).mark_text(align="right", baseline="bottom", dx=2, dy=-3, color="#555555", y=0)
         .encode(x="rate_req_s:Q", text="label:N"),  # above the plot, each ending at its rule
     ).properties(width=270, height=260)
-    return alt.vconcat(_readout(long, load_p, delay_p, metric), alt.hconcat(
-        load_panel, _delay_panel(long, marks, on_metric, at_load, at_delay, scales, tips))).add_params(
+    # The readout goes last, right above the controls vega-embed draws under the chart: in a narrow column the
+    # panels stack and the chart is taller than a phone's screen, but the lines a control changes stay beside it.
+    return alt.vconcat(alt.hconcat(
+        load_panel, _delay_panel(long, marks, on_metric, at_load, at_delay, scales, tips)),
+        _readout(long, load_p, delay_p, metric)).add_params(
         load_p, delay_p, metric).properties(usermeta={"narrow": {"margin": 70}})
 
 

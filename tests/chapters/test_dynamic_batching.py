@@ -168,8 +168,8 @@ def test_latency_frame_is_one_row_per_run_and_metric(loads):
     assert np.allclose(p99, loads["p99_e2el_ms"].to_numpy() / 1e3)
     assert sorted(long["max_queue_delay_ms"].dropna().unique()) == pytest.approx([0.0, 10.0, 20.0])
     assert (long.groupby("load")["load_index"].first().to_numpy() == [0, 1, 2]).all()
-    assert chapter.load_labels(long) == ["0.30 req/s, 5 % of capacity", "3.0 req/s, 50 % of capacity",
-                                         "6.0 req/s, 100 % of capacity"]
+    assert chapter.load_labels(long) == ["0.30 req/s, 5% of capacity", "3.0 req/s, 50% of capacity",
+                                         "6.0 req/s, 100% of capacity"]
 
 
 def _long(static: float, continuous: float, chunked: float, dynamic=(1.0, 2.0)) -> pd.DataFrame:
@@ -194,9 +194,9 @@ def test_delay_panel_marks_keep_static_off_a_scale_it_would_flatten():
 def test_the_readout_says_where_static_is_above_the_delay_panel(loads):
     rules = pd.DataFrame({"rate_req_s": [1.5, 6.0], "label": ["lockstep saturation", "capacity"]})
     spec = chapter.delay_load_chart(loads, rules).to_dict()
-    readout = spec["vconcat"][0]["layer"][-1]
+    readout = spec["vconcat"][-1]["layer"][-1]
     assert any(chapter.OFF_AXIS in t.get("calculate", "") for t in readout["transform"])
-    data = pd.DataFrame(spec["datasets"][spec["vconcat"][0]["data"]["name"]])
+    data = pd.DataFrame(spec["datasets"][spec["vconcat"][-1]["data"]["name"]])
     above = chapter.delay_panel_marks(chapter.latency_frame(loads)).query("kind == 'above'")
     flagged = data[data["off_axis"]]
     assert len(above) and (flagged["policy"] == "static").all()
@@ -213,7 +213,7 @@ def test_delay_load_chart(loads):
     assert params["load_index"]["value"] == 1.0 and params["delay"]["value"] == 10.0  # where the text reads
     assert params["delay"]["bind"]["input"] == "range" and params["delay"]["bind"]["step"] == 10.0
     assert params["metric"]["bind"]["options"] == list(chapter.LATENCY_LABELS.values())
-    readout, panels = spec["vconcat"]
+    panels, readout = spec["vconcat"]  # the readout last, next to the controls under the chart
     load_panel, delay_panel = panels["hconcat"]
     assert len(readout["layer"]) == 4  # the metric, the load, the delay, then one line per policy
     y_load = load_panel["layer"][0]["encoding"]["y"]
@@ -256,7 +256,7 @@ def test_page_tables_say_what_each_number_is(loads, cost8b):
     html = latency.to_html()
     cells = [viz.format_duration(v) for v in shown["p99_ttft_ms"]]
     assert all(f">{c}<" in html for c in cells) and any(c.endswith(" ms") for c in cells)
-    assert latency.data["load (share of capacity)"].iloc[0] == "5 %"
+    assert latency.data["load (share of capacity)"].iloc[0] == "5%"
     assert "chunked (vLLM)" in set(latency.data["policy"])
     html = chapter.usage_table(shown).to_html()
     assert "GPU busy" in html and "%" in html and "–" in html  # iteration-level batches never "leave full"

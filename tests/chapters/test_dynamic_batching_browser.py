@@ -32,7 +32,7 @@ def chart(site, browser):
 
 
 def _readout(chart) -> dict:
-    """The readout above the panels: its header lines, and each policy's value there (seconds)."""
+    """The readout under the panels: its header lines, and each policy's value there (seconds)."""
     texts = [t.strip() for t in chart_texts(chart)]
     values, off = {}, set()
     for t in texts:
@@ -69,7 +69,7 @@ def _rule_x(chart) -> float:
 def test_the_chart_starts_at_the_low_load_and_timer_the_text_reads(chart):
     _, c = chart
     r = _readout(c)
-    assert f"at {facts.value('low_load_req_s'):.2f} req/s, {100 * chapter.LOW_LOAD:g} % of capacity" in r["texts"]
+    assert f"at {facts.value('low_load_req_s'):.2f} req/s, {100 * chapter.LOW_LOAD:g}% of capacity" in r["texts"]
     assert f"max queue delay {chapter.TIMER_MS} ms" in r["texts"]
     # three significant digits, in seconds from one second up (1.86 s, 84.6 s)
     assert r["dynamic"] == pytest.approx(facts.value("low_e2el_dynamic_s"), rel=3e-3)
@@ -77,7 +77,7 @@ def test_the_chart_starts_at_the_low_load_and_timer_the_text_reads(chart):
     assert r["continuous"] == pytest.approx(facts.value("low_e2el_orca_s"), rel=3e-3)
     assert r["off_axis"] == {"static"}  # 85 s would flatten the delay panel's curve: the readout says so
     labels = c.locator(".vega-bindings .batchlab-slider-value").all_inner_texts()
-    assert labels[0].strip() == f"{facts.value('low_load_req_s'):.2f} req/s, 1 % of capacity"
+    assert labels[0].strip() == f"{facts.value('low_load_req_s'):.2f} req/s, 1% of capacity"
 
 
 def test_the_delay_matters_at_light_load_and_not_past_lockstep_saturation(chart):
@@ -93,7 +93,7 @@ def test_the_delay_matters_at_light_load_and_not_past_lockstep_saturation(chart)
     assert long["dynamic"] - short["dynamic"] <= 1.0  # never more than its face value
     assert long["continuous"] == short["continuous"]  # no timer in iteration-level batching
     at = _move(v, c, "load_index", past)
-    assert any(t.startswith("at ") and "40 % of capacity" in t for t in at["texts"])
+    assert any(t.startswith("at ") and "40% of capacity" in t for t in at["texts"])
     assert not at["off_axis"]  # static and dynamic run together there: both drawn
     assert abs(at["static"] / at["dynamic"] - 1) < 0.05
     assert _rule_x(c) > x_light + 100  # the load panel's rule moved right, to 8.3 req/s
