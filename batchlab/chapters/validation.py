@@ -12,6 +12,8 @@ traffic run on the book's setup. The serving terms other pages quote are facts r
 """
 from __future__ import annotations
 
+import json
+
 import altair as alt
 import numpy as np
 import pandas as pd
@@ -23,6 +25,7 @@ from ..workload import Requests, preset
 from . import facts, scenes
 from .validation_e2e import (  # noqa: F401 - the whole-server part of the chapter, re-exported for its notebook
     BOOK_SCENE, CLASS_PARAMS, E2E_METRICS, E2E_SETS, LOG_LABEL, SET_COLORS, _band_lines, ablation_style,
+    kernel_time_text, time_axis, time_label,
     ablation_table, book_setup, book_setup_replay, closest_runs, e2e_error_table, e2e_headline, e2e_parity_chart,
     e2e_parity_frame, prefill_share_needed, run_text, setup_error_table, setup_frame, setup_headline, setup_table,
     within_sentence)
@@ -372,6 +375,19 @@ def parity_frame(sample: pd.DataFrame, band: float = 0.15) -> pd.DataFrame:
     return out.drop(columns=[c for c in ("case_id",) if c in out])
 
 
+WIDE_DECADES = 2.0  # a set whose times span more decades than this gets a label per decade only
+
+
+def wide_sets(frame: pd.DataFrame, decades: float = WIDE_DECADES) -> list[str]:
+    """The sets of :func:`parity_frame` whose measured and predicted times (both panels, lines included) span
+    more than ``decades`` powers of ten: their axes label powers of ten only, the others 1, 2 and 5 times them."""
+    times = pd.concat([frame[["set", "measured_ms"]].rename(columns={"measured_ms": "ms"}),
+                       frame[["set", "predicted_ms"]].rename(columns={"predicted_ms": "ms"})])
+    times = times[times["ms"] > 0].groupby("set", sort=False)["ms"]
+    span = np.log10(times.max() / times.min())
+    return [str(name) for name in span.index[span > decades]]
+
+
 def parity_chart(sample: pd.DataFrame, value: str | None = None, band: float = 0.15, size: int = 260):
     """Predicted against measured time on log-log axes, before and after calibration side by side.
 
@@ -398,16 +414,18 @@ def parity_chart(sample: pd.DataFrame, value: str | None = None, band: float = 0
     param = alt.param(name="measured_set", value=value or sets[0],
                       bind=alt.binding_select(options=sets, labels=[set_name(x) for x in sets],
                                               name="measured set "))
-    axis = {"scale": alt.Scale(type="log", nice=False),
-            "axis": alt.Axis(labelExpr=LOG_LABEL, labelOverlap="greedy")}
-    x = alt.X("measured_ms:Q", title="measured time (ms)", **axis)
-    y = alt.Y("predicted_ms:Q", title="predicted time (ms)", **axis)
+    axis = time_axis(f"indexof({json.dumps(wide_sets(data))}, measured_set) >= 0")
+    x = alt.X("measured_ms:Q", title="measured time", **axis)
+    y = alt.Y("predicted_ms:Q", title="predicted time", **axis)
     base = alt.Chart().transform_filter("datum.set == measured_set")
-    points = base.transform_filter("datum.kind == 'case'").mark_circle(size=22, opacity=0.7).encode(
+    points = base.transform_filter("datum.kind == 'case'").transform_calculate(
+        measured_text=kernel_time_text("measured_ms"), predicted_text=kernel_time_text("predicted_ms")
+    ).mark_circle(size=22, opacity=0.7).encode(
         x=x, y=y, color=alt.Color("group:N", title=None, legend=alt.Legend(orient="top"),
                                   scale=alt.Scale(domain=list(GROUP_COLORS), range=list(GROUP_COLORS.values()))),
         tooltip=[viz.tip("case", "measured case", kind="N"), viz.tip("group", "used by the fit as", kind="N"),
-                 viz.tip("measured_ms", "measured (ms)", ",.4~g"), viz.tip("predicted_ms", "predicted (ms)", ",.4~g"),
+                 viz.tip("measured_text", "measured time", kind="N"),
+                 viz.tip("predicted_text", "predicted time", kind="N"),
                  viz.tip("rel_err", "relative error", ".1%")])
     lines = base.transform_filter("datum.kind != 'case'").mark_line(color="#555555", strokeWidth=1).encode(
         x=x, y=y, detail="line:N", strokeDash=alt.StrokeDash("kind:N", title=None, legend=alt.Legend(orient="top"),
@@ -447,15 +465,16 @@ def published_chart(runs: pd.DataFrame, published: dict = PUBLISHED_VLLM_V060, w
     for col, ref in (("mean_ttft_ms", ceiling), ("mean_tpot_ms", tpot)):
         y = alt.Y(f"{col}:Q", title=viz.title(col), scale=alt.Scale(zero=True))
         rate = viz.tip("rate_req_s", "arrival rate (req/s)", ",.0f")
-        sim = alt.Chart(finite).mark_line(point=True).encode(
+        value = viz.tip("value_text", viz.title(col).replace(" (ms)", ""), kind="N")  # "75.8 ms", "1.28 s"
+        sim = alt.Chart(finite).transform_calculate(value_text=viz.duration_text(col)).mark_line(point=True).encode(
             x=x, y=y, color=color, tooltip=[viz.tip("lengths_text", "prompt / output lengths", kind="N"), rate,
-                                            viz.tip(col, fmt=",.1f")])
+                                            value])
         if len(ref) > 1:
             mark = alt.Chart(ref).mark_line(color="black", strokeDash=[4, 3])
         else:
             mark = alt.Chart(ref).mark_point(shape="diamond", size=120, filled=True, color="black")
-        mark = mark.encode(x=x, y=y, tooltip=[viz.tip("what", "vLLM's post", kind="N"), rate,
-                                              viz.tip(col, fmt=",.1f")])
+        mark = mark.transform_calculate(value_text=viz.duration_text(col)).encode(
+            x=x, y=y, tooltip=[viz.tip("what", "vLLM's post", kind="N"), rate, value])
         text = alt.Chart(ref.tail(1)).mark_text(align="right", dx=-8, dy=-10).encode(x=x, y=y, text="what:N")
         panels.append(alt.layer(sim, mark, text).properties(width=width, height=height))
     return alt.hconcat(*panels)
@@ -511,9 +530,12 @@ def kernel_headline(err: pd.DataFrame, after, cases: pd.DataFrame) -> tuple[dict
     longest = forward.iloc[-1]
     elementwise_share = forward["measured_elementwise_s"] / forward["measured_s"]
     diag = calibrate.DIAGNOSTIC_SETS
+    fp8 = type(after)(after.hardware, after.model, dtype="fp8")
     numbers = {
         "fp8_diag": err.loc[diag["gemm_kernels_fp8"], "median_rel_err_after"],
-        "eta_c_fp8": own.eta_compute_fp8, "eta_m_fp8": own.eta_memory_fp8,
+        "eta_c_fp8": own.eta_compute_fp8, "eta_m_fp8": own.eta_memory_fp8,  # the per-kernel fit (DeepGEMM)
+        # What ``CostModel(..., dtype="fp8")`` takes: the whole-server re-fit, not the per-kernel pair above.
+        "eta_c_fp8_default": fp8.eta_compute, "eta_m_fp8_default": fp8.eta_memory,
         "eta_c_bf16": after.eta_compute, "eta_m_bf16": after.eta_memory,
         "attn_diag": err.loc[diag["llmservingsim_attn"], "median_rel_err_after"],
         "eager_eta_attn": own.eager_eta_attn, "eta_attn": after.eta_attn,

@@ -20,6 +20,35 @@ from . import scenes
 
 # Log axes labelled at 1, 2 and 5 per decade, with thousands separators ("50,000", not "50000").
 LOG_LABEL = viz.LOG125_LABEL  # 1, 2 and 5 times a power of ten, thousands separated
+_MANTISSA = "datum.value / pow(10, floor(log(datum.value) / LN10 + 1e-9))"
+
+
+def time_label(decades_only: str = "true") -> str:
+    """A Vega ``labelExpr`` for a log time axis whose values are in ms: each label carries its unit, µs below
+    1 ms (as :func:`kernel_time_text`), ms below 1 s, s from 1 s ("5 µs", "100 µs", "500 ms", "10 s"), so an
+    axis spanning nanoseconds to seconds never prints an exponent. Only powers of ten are labelled where
+    ``decades_only`` (a Vega expression) is true, else 1, 2 and 5 times them; the axis' greedy overlap drops the
+    rest. Used in chapter 13.
+    """
+    keep = (f"abs({_MANTISSA} - 1) < 1e-6 || (!({decades_only}) && "
+            f"(abs({_MANTISSA} - 2) < 1e-6 || abs({_MANTISSA} - 5) < 1e-6))")
+    text = ("datum.value < 1 ? format(datum.value * 1000, ',~g') + ' µs' : datum.value < 1000 ? "
+            "format(datum.value, ',~g') + ' ms' : format(datum.value / 1000, ',~g') + ' s'")
+    return f"({keep}) ? ({text}) : ''"
+
+
+def time_axis(decades_only: str = "true") -> dict:
+    """A log time scale and axis (values in ms) labelled by :func:`time_label`, labels at least 6 px apart."""
+    return {"scale": alt.Scale(type="log", nice=False),
+            "axis": alt.Axis(labelExpr=time_label(decades_only), labelOverlap="greedy", labelSeparation=6)}
+
+
+def kernel_time_text(field: str) -> str:
+    """A Vega expression printing a kernel time (``field`` in ms) for a tooltip: three significant digits in µs
+    below 1 ms ("196 µs", "0.196 µs"), the book's duration rule (:func:`batchlab.viz.duration_text`) above, whose
+    two decimals of a millisecond would print a kernel of a few microseconds as "0.00 ms"."""
+    ms = f"datum['{field}']"
+    return f"isFinite({ms}) && {ms} > 0 && {ms} < 1 ? format({ms} * 1000, '.3r') + ' µs' : " + viz.duration_text(field)
 
 
 def _band_lines(points: pd.DataFrame, keys: list, span_by: str, band: float) -> pd.DataFrame:
@@ -38,10 +67,8 @@ def _band_lines(points: pd.DataFrame, keys: list, span_by: str, band: float) -> 
 
 
 
-E2E_METRICS = {"ttft": "time to first token (ms)", "tpot": "time per output token (ms)",
-               "e2e": "end-to-end latency (s)"}  # each panel's title, in the unit its axes read
-E2E_SCALE = {"ttft": 1.0, "tpot": 1.0, "e2e": 1e-3}  # from ms to the panel's unit
-E2E_UNITS = {"ttft": "ms", "tpot": "ms", "e2e": "s"}  # the panel's unit, as the tooltips write it
+E2E_METRICS = {"ttft": "time to first token", "tpot": "time per output token",
+               "e2e": "end-to-end latency"}  # each panel's title; its ticks carry their unit (time_label)
 E2E_SETS = {"inference-perf": "open loop (inference-perf)", "aiconfigurator": "closed loop (AIConfigurator)",
             "all": "all runs"}
 SET_COLORS = {E2E_SETS["inference-perf"]: viz.PALETTE[0], E2E_SETS["aiconfigurator"]: viz.PALETTE[1]}
@@ -69,41 +96,39 @@ def e2e_parity_frame(table: pd.DataFrame, band: float = 0.15) -> pd.DataFrame:
     """Every usable calibration run's predicted against measured value per metric, plus the lines y = x and
     y = (1 +- ``band``) x per metric panel. ``table`` is :func:`batchlab.validate.replay_all`. Used in chapter 13.
 
-    ``measured`` and ``predicted`` are in the panel's unit (:data:`E2E_METRICS`: ms, seconds for end-to-end
-    latency); ``run`` names the run in words (:func:`run_text`), ``source`` its set (:data:`E2E_SETS`);
-    ``measured_text`` and ``predicted_text`` are the two values with their unit, for the tooltips.
+    ``measured`` and ``predicted`` are in ms (the axes label each tick with its unit, :func:`time_label`);
+    ``run`` names the run in words (:func:`run_text`), ``source`` its set (:data:`E2E_SETS`);
+    ``measured_text`` and ``predicted_text`` are the two values as the book prints a duration
+    (:func:`batchlab.viz.format_duration`: "412 ms", "1.28 s"), for the tooltips.
     """
     used = table[table["representable"].astype(bool) & (table["status"] == "ok")]
     runs = calibration_runs().set_index("run_id")
-    scale = used["metric"].map(E2E_SCALE)
     points = pd.DataFrame({"run_id": used["run_id"], "metric": used["metric"],
                            "source": used["set"].map(E2E_SETS),
                            "run": [run_text(runs.loc[r]) for r in used["run_id"]],
-                           "measured_ms": used["measured_ms"] * scale, "predicted_ms": used["predicted_ms"] * scale,
+                           "measured_ms": used["measured_ms"], "predicted_ms": used["predicted_ms"],
                            "rel_error": used["rel_error"], "kind": "run", "line": ""})
     out = pd.concat([points, _band_lines(points, ["metric"], "metric", band)], ignore_index=True)
     out = out.rename(columns={"measured_ms": "measured", "predicted_ms": "predicted"})
     out["panel"] = out["metric"].map(E2E_METRICS)
     for col in ("measured", "predicted", "rel_error"):
         out[col] = [float(f"{v:.4g}") for v in out[col]]
-    unit = out["metric"].map(E2E_UNITS)
     for col in ("measured", "predicted"):
-        out[f"{col}_text"] = [f"{v:,.4g} {u}" if k == "run" else "" for v, u, k in zip(out[col], unit, out["kind"])]
+        out[f"{col}_text"] = [viz.format_duration(v) if k == "run" else "" for v, k in zip(out[col], out["kind"])]
     return out.drop(columns=["run_id"])
 
 
 def e2e_parity_chart(table: pd.DataFrame, band: float = 0.15, size: int = 150):
     """Predicted against measured TTFT, TPOT and E2E of every end-to-end calibration run, log-log, one panel each
-    (its unit in its title), coloured by source; dashed lines at ±``band``. Used in chapter 13."""
+    (each tick with its unit), coloured by source; dashed lines at ±``band``. Used in chapter 13."""
     data = e2e_parity_frame(table, band)
-    axis = {"scale": alt.Scale(type="log", nice=False),
-            "axis": alt.Axis(labelExpr=LOG_LABEL, labelOverlap="greedy")}
+    axis = time_axis()  # every panel spans one to four decades of ms: powers of ten, each with its unit
     x = alt.X("measured:Q", title="measured", **axis)
     y = alt.Y("predicted:Q", title="predicted", **axis)
     points = alt.Chart().transform_filter("datum.kind == 'run'").mark_circle(size=28, opacity=0.75).encode(
         x=x, y=y, color=alt.Color("source:N", title=None, legend=alt.Legend(orient="top", labelLimit=0),
                                   scale=alt.Scale(domain=list(SET_COLORS), range=list(SET_COLORS.values()))),
-        tooltip=[viz.tip("run", "run", kind="N"), viz.tip("panel", "metric (unit)", kind="N"),
+        tooltip=[viz.tip("run", "run", kind="N"), viz.tip("panel", "metric", kind="N"),
                  viz.tip("measured_text", "measured", kind="N"), viz.tip("predicted_text", "predicted", kind="N"),
                  viz.tip("rel_error", "error (predicted / measured - 1)", "+.1%")])
     lines = alt.Chart().transform_filter("datum.kind != 'run'").mark_line(color="#555555", strokeWidth=1).encode(
