@@ -76,7 +76,9 @@ def iteration_split(cost, rows: pd.DataFrame, asynchronous: bool = True) -> dict
     ``gemm_memory_s`` (streaming the body's weights at the calibrated bandwidth), the same pair for the LM head
     (``lm_head_*``, zero if no row samples), ``attn_compute_s`` and ``attn_memory_s`` (reading the cached keys
     and values, writing the new ones), then ``elementwise_s``, ``comm_s``, ``overhead_s`` (the GPU's kernel
-    floors), ``cpu_s`` (the engine's CPU work left after async overlap) and ``total_s``, the step's duration.
+    floors), ``cpu_s`` (the engine's CPU work left after async overlap), its two parts ``cpu_step_s`` (the work
+    per iteration, a fixed cost) and ``cpu_seq_s`` (the work per scheduled sequence), and ``total_s``, the step's
+    duration. Async scheduling hides the same fraction of both parts, so ``cpu_s`` splits in proportion.
     """
     b = _breakdown(cost, rows, asynchronous)
     m, bw, tp = cost.model, cost.eta_memory * cost.hardware.hbm_bytes_per_s, cost.tp
@@ -85,6 +87,8 @@ def iteration_split(cost, rows: pd.DataFrame, asynchronous: bool = True) -> dict
     c, p = chunks["new_tokens"].to_numpy(float), chunks["cached_tokens"].to_numpy(float)
     attn_work = float((c * (2 * p + c)).sum() + 2 * decodes["cached_tokens"].sum())
     sampled = int(rows["samples"].sum())
+    per_seq = cost.cpu_seq_s * len(rows)  # every scheduled row is one sequence of the step
+    step_share = cost.cpu_step_s / (cost.cpu_step_s + per_seq) if cost.cpu_step_s + per_seq > 0 else 0.0
     lm = (2.0 * m.embedding_params / tp * sampled / (cost.eta_compute * cost.hardware.peak_flops("bf16")),
           cost.lm_head_bytes / bw) if sampled else (0.0, 0.0)
     return {"gemm_compute_s": 2.0 * m.body_params / tp * new / (cost.eta_compute * cost.peak_flops),
@@ -93,7 +97,7 @@ def iteration_split(cost, rows: pd.DataFrame, asynchronous: bool = True) -> dict
             "attn_compute_s": 2.0 * m.layers * m.attn_dim / tp * attn_work / (cost.eta_attn * cost.peak_flops),
             "attn_memory_s": cost.kv_bytes_per_token * (p.sum() + decodes["cached_tokens"].sum() + new) / bw,
             "elementwise_s": b.elementwise_s, "comm_s": b.comm_s, "overhead_s": b.overhead_s, "cpu_s": b.cpu_s,
-            "total_s": b.total_s}
+            "cpu_step_s": b.cpu_s * step_share, "cpu_seq_s": b.cpu_s * (1 - step_share), "total_s": b.total_s}
 
 
 def iteration_apart(cost, rows: pd.DataFrame, asynchronous: bool = True) -> dict:
@@ -127,7 +131,7 @@ SPLIT_BARS = (  # operator, resource, iteration_split key: the bars of the time 
     ("LM head", "compute (tensor cores)", "lm_head_compute_s"), ("LM head", "memory (HBM)", "lm_head_memory_s"),
     ("attention", "compute (tensor cores)", "attn_compute_s"), ("attention", "memory (HBM)", "attn_memory_s"),
     ("norms, RoPE, SiLU", "memory (HBM)", "elementwise_s"), ("GPU kernel floors", "fixed", "overhead_s"),
-    ("engine CPU work", "fixed", "cpu_s"))
+    ("CPU per iteration", "fixed", "cpu_step_s"), ("CPU per sequence", "CPU, per sequence", "cpu_seq_s"))
 _KIND_WORDS = {"decode": "decodes only", "mixed": "mixed", "prefill": "prompts only"}
 CONTEXT_BIN = 512  # tokens: the decode rows' contexts are counted in bins this wide
 _PART_WORDS = {"cached": "cached before this iteration", "new": "computed in this iteration"}
@@ -262,8 +266,8 @@ def iteration_chart(frames: dict, position: int | None = None):
 
 def _split_panel(split: pd.DataFrame, at: str, width: int):
     """Lower panel of :func:`iteration_chart`: each operator's compute and memory time, the paid side opaque."""
-    resources = alt.Scale(domain=["compute (tensor cores)", "memory (HBM)", "fixed"],
-                          range=[viz.PALETTE[1], viz.PALETTE[0], "#999999"])
+    resources = alt.Scale(domain=["compute (tensor cores)", "memory (HBM)", "CPU, per sequence", "fixed"],
+                          range=[viz.PALETTE[1], viz.PALETTE[0], viz.PALETTE[4], "#999999"])
     tips = [viz.tip("operator", "operator", kind="N"), viz.tip("resource", "resource", kind="N"),
             viz.tip("ms", "time (ms)", ".2f"), viz.tip("paid_text", "the step pays it", kind="N")]
     base = alt.Chart(split).transform_filter(at).transform_calculate(

@@ -168,6 +168,19 @@ def kind_medians(util: pd.DataFrame) -> pd.DataFrame:
         {k: i for i, k in enumerate(STEP_KINDS)})).reset_index(drop=True)
 
 
+def steps_table(steps: pd.DataFrame):
+    """Rows of ``SimResult.steps`` as the page shows them (a ``Styler``): the iteration's number, its start (s),
+    duration (the book's duration rule), prompt tokens, decode rows, TFLOP and GB of HBM traffic. Chapter 7."""
+    out = steps.rename_axis("step").reset_index()
+    out = out.assign(tflop=out["flops"] / 1e12, hbm_gb=out["hbm_bytes"] / 1e9)
+    return viz.display_table(out, {"step": ("iteration", "{:,}".format), "start_s": ("start (s)", "{:.3f}".format),
+                                   "duration_s": ("duration", lambda v: viz.format_duration(v, unit="s")),
+                                   "prefill_tokens": ("prompt tokens", "{:,}".format),
+                                   "decode_seqs": ("decode rows", "{:,}".format),
+                                   "tflop": ("compute (TFLOP)", "{:.2f}".format),
+                                   "hbm_gb": ("HBM traffic (GB)", "{:.1f}".format)})
+
+
 def kind_table(util: pd.DataFrame):
     """:func:`kind_medians` as the page shows it, one row per run and kind of iteration (a ``Styler``): the count
     of iterations, then medians (the page says so). Chapter 7."""
@@ -324,7 +337,7 @@ def budget_split_chart(split: pd.DataFrame, max_num_batched_tokens: int = 2048):
         y=alt.Y("tokens_per_step:Q", title="tokens per iteration (mean over 1 s)", stack="zero"),
         color=alt.Color("kind:N", title=None, scale=kinds, legend=alt.Legend(orient="top")),
         order=alt.Order("order:Q"), tooltip=[viz.tip("time_s", "second of the run, from (s)", ".0f"),
-                                             viz.tip("kind", "tokens", kind="N"),
+                                             viz.tip("kind", "tokens: decode / prefill", kind="N"),
                                              viz.tip("tokens_per_step", "tokens per iteration (mean)", ",.0f")]
     ).transform_calculate(order="datum.kind == 'decode' ? 0 : 1")
     budget = base.transform_aggregate(max_num_batched_tokens="max(max_num_batched_tokens)")

@@ -309,6 +309,10 @@ def test_iteration_apart_saves_a_weight_stream_and_a_fixed_cost(cost8b):
     assert apart["saved_weights_s"] == pytest.approx(stream - decodes["gemm_compute_s"], rel=1e-9)
     fixed = cost8b.overhead_s + cost8b.cpu_step_s * (1 - cost8b.cpu_hidden_fraction)  # fixed_step_async
     assert apart["saved_fixed_s"] == pytest.approx(fixed, rel=1e-9)
+    # the CPU work splits into a fixed part per iteration and a part per sequence; only the first is saved
+    assert whole["cpu_step_s"] + whole["cpu_seq_s"] == pytest.approx(whole["cpu_s"], rel=1e-12)
+    assert whole["cpu_step_s"] == pytest.approx(cost8b.cpu_step_s * (1 - cost8b.cpu_hidden_fraction), rel=1e-9)
+    assert whole["cpu_seq_s"] == pytest.approx(65 * cost8b.cpu_seq_s * (1 - cost8b.cpu_hidden_fraction), rel=1e-9)
     alone = chapter.iteration_apart(cost8b, rows[rows["kind"] == "decode"])
     assert alone["prompts_s"] == alone["saved_s"] == 0.0 and alone["decodes_s"] == decodes["total_s"]
 
@@ -382,3 +386,14 @@ def test_mixing_facts_are_the_conv_scene_at_its_overload_rate():
     assert rate > facts.value("capacity_req_s")  # past capacity: throughput is what each scheduler can do
     assert facts.value("mix_v1_tput") > facts.value("mix_orca_tput") > facts.value("mix_v0_tput")
     assert facts.value("mix_v1_p99_itl_ms") < facts.value("mix_orca_p99_itl_ms")
+
+
+def test_steps_table_shows_the_steps_in_words_and_units(cost8b):
+    steps = bl.simulate(bl.fixed(8, 500, 20), "chunked", cost8b, max_num_batched_tokens=2048).steps.head(3)
+    shown = chapter.steps_table(steps)
+    assert list(shown.data.columns) == ["iteration", "start (s)", "duration", "prompt tokens", "decode rows",
+                                        "compute (TFLOP)", "HBM traffic (GB)"]
+    html = shown.to_html()
+    assert viz.format_duration(float(steps["duration_s"].iloc[0]), unit="s") in html  # the book's duration rule
+    assert f"{steps['flops'].iloc[0] / 1e12:.2f}" in html and f"{steps['hbm_bytes'].iloc[0] / 1e9:.1f}" in html
+    assert "e+" not in html  # no raw exponents

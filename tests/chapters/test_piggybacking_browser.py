@@ -23,7 +23,7 @@ PAGE = "notebooks/07_piggybacking"
 LOAD = "rate_near_req_s"  # the page's run: the conv scene at 95 % of its capacity, chunked, a 2,048-token budget
 MAX_NUM_BATCHED_TOKENS = 2048
 SPLIT_KEYS = ("gemm_compute_s", "gemm_memory_s", "lm_head_compute_s", "lm_head_memory_s", "attn_compute_s",
-              "attn_memory_s", "elementwise_s", "overhead_s", "cpu_s")
+              "attn_memory_s", "elementwise_s", "overhead_s", "cpu_step_s", "cpu_seq_s")
 
 
 @pytest.fixture(scope="module")
