@@ -26,7 +26,7 @@ from . import facts, scenes, two_knobs
 WORKLOADS = {"azure-conv-2023": "conversation", "azure-code-2023": "code"}  # preset -> name on the page
 WORKLOAD_SCENES = {"azure-conv-2023": "conv", "azure-code-2023": "code"}  # preset -> its scene
 SLOS = ("ttft:500 tpot:50", "ttft:500 tpot:50 itl:100")  # vLLM's --goodput syntax and batchlab's itl, ms
-LOADS = {two_knobs.CONV_LOADS["light"]: "50 % of capacity", two_knobs.CONV_LOADS["near"]: "95 % of capacity"}
+LOADS = {two_knobs.CONV_LOADS["light"]: "50% of capacity", two_knobs.CONV_LOADS["near"]: "95% of capacity"}
 GRID_COLUMNS = ["workload", "slo", "load", "rate_req_s", "max_num_seqs", "max_num_batched_tokens", "vllm_refuses",
                 "vllm_default", "best", "request_goodput", "share_of_top", "share_within", "slo_met",
                 "p99_ttft_ms", "p99_tpot_ms", "p99_longest_itl_ms", "slo_load"]
@@ -81,16 +81,22 @@ def slo_readings(res, specs) -> pd.DataFrame:
 
 def slo_readings_table(readings: pd.DataFrame, slo_names: dict):
     """:func:`slo_readings` formatted, the SLO by its bounds in ms. Used in chapter 9."""
-    rate, ms = "{:.1f}".format, "{:,.0f}".format
+    rate, ms = "{:.1f}".format, _duration
     longest = readings["p99_longest_itl_ms"].map(lambda v: ms(v) if np.isfinite(v) else "not bounded")
     shown = readings.assign(slo=readings["slo"].map(slo_names), p99_longest_itl_ms=longest,
                             slo_met=readings["slo_met"].map({True: "yes", False: "no"}))
     return viz.display_table(shown, {
         "slo": ("SLO", str), "request_throughput": ("served (req/s)", rate),
         "request_goodput": ("goodput (req/s)", rate), "missed": ("requests missing a bound", "{:,}".format),
-        "p99_ttft_ms": ("p99 TTFT (ms)", ms), "p99_tpot_ms": ("p99 TPOT (ms)", "{:,.1f}".format),
-        "p99_longest_itl_ms": ("p99 longest gap (ms)", str),
+        "p99_ttft_ms": ("p99 TTFT", ms), "p99_tpot_ms": ("p99 TPOT", ms),
+        "p99_longest_itl_ms": ("p99 longest gap", str),
         "slo_met": ("p99s within the SLO", str)})
+
+
+def _duration(value) -> str:
+    """A table cell's duration by the book's one rule (:func:`batchlab.viz.format_duration`), its number and
+    unit on one line."""
+    return viz.format_duration(value).replace(" ", "\u00a0")
 
 
 @facts.memo
@@ -269,7 +275,7 @@ def picks_table(picks: pd.DataFrame, slo_names: dict, workload_names: dict):
                          best=_pick_knob(picks), goodputs=[goodputs(r) for r in rows], loads=[loads(r) for r in rows])
     return viz.display_table(shown, {
         "scene": ("scene, rate", str), "slo": ("SLO", str),
-        "best": ("pick: max_num_seqs / max_num_batched_tokens", str),
+        "best": ("pick (seqs / tokens)", str),
         "goodputs": ("goodput (req/s): pick / vLLM default, of served", str),
         "loads": ("SLO load: pick / vLLM default", str)})
 
@@ -290,7 +296,7 @@ def headroom_table(rates: pd.DataFrame, slo_names: dict, workload_names: dict):
                          best=np.where(rates["holds_any"], _pick_knob(rates), knobs + " (most goodput)"), both=both)
     return viz.display_table(shown, {
         "scene": ("scene, tuned at", str), "slo": ("SLO", str),
-        "best": ("pick: max_num_seqs / max_num_batched_tokens", str),
+        "best": ("pick (seqs / tokens)", str),
         "both": ("largest rate (req/s): pick / vLLM default", str)})
 
 
@@ -301,13 +307,13 @@ def result_table(result):
     rows = [{"setting": who, **point} for who, point in (("tuner's pick", result.best),
                                                          ("vLLM default", result.defaults))]
     frame = pd.DataFrame(rows).assign(slo_met=lambda f: f["slo_met"].map({True: "yes", False: "no"}))
-    ms, count = "{:,.0f}".format, "{:,}".format
-    columns = {"setting": ("setting", str), "max_num_seqs": ("max_num_seqs", count),
-               "max_num_batched_tokens": ("max_num_batched_tokens", count),
-               "request_goodput": ("goodput (req/s)", "{:.2f}".format), "p99_ttft_ms": ("p99 TTFT (ms)", ms),
-               "p99_tpot_ms": ("p99 TPOT (ms)", "{:,.1f}".format)}
+    frame["knobs"] = frame["max_num_seqs"].map("{:,}".format) + " / " + frame["max_num_batched_tokens"].map(
+        "{:,}".format)
+    columns = {"setting": ("setting", str), "knobs": ("seqs / tokens", str),
+               "request_goodput": ("goodput (req/s)", "{:.2f}".format), "p99_ttft_ms": ("p99 TTFT", _duration),
+               "p99_tpot_ms": ("p99 TPOT", _duration)}
     if "p99_longest_itl_ms" in frame.columns:
-        columns["p99_longest_itl_ms"] = ("p99 longest gap (ms)", ms)
+        columns["p99_longest_itl_ms"] = ("p99 longest gap", _duration)
     columns |= {"slo_load": ("SLO load", "{:.2f}".format), "slo_met": ("p99s within the SLO", str)}
     return viz.display_table(frame, columns)
 
@@ -333,7 +339,8 @@ def _map_data(grid: pd.DataFrame, picks: pd.DataFrame, workloads, slos, loads) -
                              MAP_KINDS, "")
     data["goodput_text"] = np.where(data["vllm_refuses"], "", data["request_goodput"].map(_goodput_text))
     # read before the data is rounded for the page: "412 ms", "315 s", never "315,382 ms"
-    data["ttft_text"] = [viz.format_duration(v, missing="refused") for v in data["p99_ttft_ms"]]
+    for col in ("ttft", "tpot", "longest_itl"):
+        data[f"{col}_text"] = [viz.format_duration(v, missing="refused") for v in data[f"p99_{col}_ms"]]
     for col in ("p99_ttft_ms", "p99_tpot_ms", "p99_longest_itl_ms", "request_goodput"):
         data[col] = data[col].astype(float).round(2)
     data["slo_load"] = data["slo_load"].astype(float).round(3)
@@ -341,24 +348,28 @@ def _map_data(grid: pd.DataFrame, picks: pd.DataFrame, workloads, slos, loads) -
     data["held"] = np.where(data["slo_met"], "yes", "no")
     keep = ["workload_i", "slo_i", "load_i", "max_num_seqs", "max_num_batched_tokens", "request_goodput",
             "share_within", "held", "slo_met", "p99_ttft_ms", "p99_tpot_ms", "p99_longest_itl_ms", "slo_load",
-            "kind", "goodput_text", "ttft_text"]
+            "kind", "goodput_text", "ttft_text", "tpot_text", "longest_itl_text"]
     return data[keep]
 
 
+READOUT_CHARS = 44  # the longest readout line: at 400 px the map's plot area leaves about 300 px for 11 px text
+
+
 def readout_label(r) -> str:
-    """Two lines read above the map for one selection (a row of :func:`tuning_grid`'s picks): the pick (or that
-    no setting holds the SLO there), then its goodput (or the largest of any pair), the default's and the
+    """Three lines read above the map for one selection (a row of :func:`tuning_grid`'s picks): the pick (or that
+    no setting holds the SLO there), then its goodput (or the largest of any pair) and the default's, then the
     requests per second the default served, all in req/s and to the same two decimals (a goodput may not
-    read larger than what was served). Used in chapter 9."""
-    served = f"vLLM default {r.default_goodput:.2f} of {r.served_req_s:.2f} served"  # req/s, as the line says
+    read larger than what was served). No line is longer than :data:`READOUT_CHARS`, so none runs out of the
+    map at 400 px. Used in chapter 9."""
+    served = f"(vLLM default served {r.served_req_s:.2f} req/s)"
     if not r.holds_any:
-        return (f"no setting holds this SLO's p99s at {r.rate_req_s:.1f} req/s\n"
-                f"best goodput {r.top_goodput:.2f} req/s; {served}")
+        return (f"no setting holds the p99s at {r.rate_req_s:.1f} req/s\n"
+                f"goodput: best {r.top_goodput:.2f}, default {r.default_goodput:.2f} req/s\n{served}")
     same = r.best_max_num_seqs == r.default_max_num_seqs and \
         r.best_max_num_batched_tokens == r.default_max_num_batched_tokens
     pick = "vLLM's default itself" if same else \
         f"{r.best_max_num_seqs:,} sequences, {r.best_max_num_batched_tokens:,} tokens"
-    return f"pick: {pick}\ngoodput {r.best_goodput:.2f} req/s; {served}"
+    return f"pick: {pick}\ngoodput: pick {r.best_goodput:.2f}, default {r.default_goodput:.2f} req/s\n{served}"
 
 
 def _holds_expr(picks: pd.DataFrame, workloads, slos, loads) -> str:
@@ -387,7 +398,7 @@ def goodput_map_chart(grid: pd.DataFrame, picks: pd.DataFrame, workload_names: d
         :func:`tuning_grid`'s two frames.
     workload_names, slo_names, load_names : dict
         The workloads, SLO specs and loads of the grid, in the order of their buttons, each mapped to the label
-        a reader sees (``{"ttft:500 tpot:50": "TTFT 500 ms, TPOT 50 ms"}``, ``{0.95: "95 % of capacity"}``).
+        a reader sees (``{"ttft:500 tpot:50": "TTFT 500 ms, TPOT 50 ms"}``, ``{0.95: "95% of capacity"}``).
 
     Returns
     -------
@@ -417,8 +428,8 @@ def goodput_map_chart(grid: pd.DataFrame, picks: pd.DataFrame, workload_names: d
                viz.tip("max_num_batched_tokens", "max_num_batched_tokens (tokens)", ","),
                viz.tip("request_goodput", "goodput (req/s)", ".2f"),
                viz.tip("share_within", "requests within the SLO (share)", ".1%"),
-               viz.tip("ttft_text", "p99 TTFT", kind="N"), viz.tip("p99_tpot_ms", "p99 TPOT (ms)", ",.1f"),
-               viz.tip("p99_longest_itl_ms", "p99 longest gap (ms)", ",.0f"),
+               viz.tip("ttft_text", "p99 TTFT", kind="N"), viz.tip("tpot_text", "p99 TPOT", kind="N"),
+               viz.tip("longest_itl_text", "p99 longest gap", kind="N"),
                viz.tip("slo_load", "SLO load (largest p99 / bound)", ".2f"),
                viz.tip("held", "p99s within the SLO", kind="N")]
     base = alt.Chart(data).transform_filter(chosen).encode(x=xenc, y=yenc)
@@ -447,7 +458,7 @@ def goodput_map_chart(grid: pd.DataFrame, picks: pd.DataFrame, workload_names: d
     marks = alt.layer(others, pick_mark).resolve_scale(shape="independent")
     readout = alt.Chart(_map_readout(picks, workloads, slos, loads)).transform_filter(chosen).mark_text(
         align="left", baseline="top", fontSize=11, color="#333333", lineBreak="\n", lineHeight=15).encode(
-        x=alt.value(0), y=alt.value(0), text="label:N").properties(width=MAP_WIDTH, height=30)
+        x=alt.value(0), y=alt.value(0), text="label:N").properties(width=MAP_WIDTH, height=45)
     heat = alt.layer(cells, held, text, marks).properties(width=MAP_WIDTH, height=330)
     return alt.vconcat(readout, heat, spacing=4).add_params(*params)
 
@@ -519,7 +530,7 @@ def _itl_bound():
 
 def _tuning_fact(name, unit, fmt, text, compute):
     facts.fact(f"tuning_{name}", scene="conv", unit=unit, fmt=fmt, chapter="tuning",
-               text=f"{text}, on the conversation scene at its near load (95 % of capacity)")(compute)
+               text=f"{text}, on the conversation scene at its near load (95% of capacity)")(compute)
 
 
 _tuning_fact("itl_pick_max_num_seqs", "sequences", ",.0f", "max_num_seqs the tuner picks under the stall-bound SLO",
@@ -547,7 +558,7 @@ _tuning_fact("itl_default_max_rate_req_s", "req/s", ".1f",
 
 @facts.fact("tuning_usual_gain_max", scene="conv", fmt=".2f", chapter="tuning",
             text="on the conversation scene under the usual SLO (TTFT and TPOT), the largest goodput of the tuner's "
-                 "pick over vLLM's default's, at either load (50 % and 95 % of capacity)")
+                 "pick over vLLM's default's, at either load (50% and 95% of capacity)")
 def _usual_gain():
     picks = chapter_grid()[1]
     return float(picks.loc[(picks["workload"] == CONV) & (picks["slo"] == SLOS[0]), "gain"].max())
@@ -557,7 +568,7 @@ def _code_fact(who: str):
     words = {"best": "the tuner's most-goodput pair", "default": "vLLM's default"}[who]
 
     @facts.fact(f"tuning_code_{who}_max_rate_req_s", scene="code", unit="req/s", fmt=".1f", chapter="tuning",
-                text=f"the largest rate at which {words} holds the usual SLO's p99s on the code scene (tuned at 95 % "
+                text=f"the largest rate at which {words} holds the usual SLO's p99s on the code scene (tuned at 95% "
                      f"of its capacity; 0: no rate)")
     def _code():
         return float(_rates(CODE, SLOS[0])[f"{who}_max_rate_req_s"])

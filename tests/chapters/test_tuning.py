@@ -23,7 +23,7 @@ from batchlab.tune import at_rate
 SLOS = ["ttft:500 tpot:50", "ttft:500 tpot:50 itl:100"]
 SLO_NAMES = {s: chapter.slo_label(bl.parse_goodput(s)) for s in SLOS}
 WORKLOADS = {"azure-conv-2023": "conversation"}
-LOADS = {0.5: "50 % of capacity", 1.2: "120 % of capacity"}
+LOADS = {0.5: "50% of capacity", 1.2: "120% of capacity"}
 SEQS, TOKENS = (8, 64, 1024), (512, 2048, 8192)  # a small grid with vLLM's default (1024, 8192) and one refusal
 N = 200
 
@@ -125,9 +125,10 @@ def test_slo_readings_tell_goodput_from_p99_and_see_the_stall(cost8b):
     assert r["slo_met"].tolist() == [True, False, False]
     assert np.isnan(r["p99_longest_itl_ms"].iloc[0]) and r["p99_longest_itl_ms"].iloc[2] > r["p99_tpot_ms"].iloc[2]
     html = chapter.slo_readings_table(r, {s: s for s in r["slo"]}).to_html()
-    for header in ("goodput (req/s)", "requests missing a bound", "p99 TTFT (ms)", "p99 longest gap (ms)",
+    for header in ("goodput (req/s)", "requests missing a bound", "p99 TTFT", "p99 longest gap",
                    "p99s within the SLO", "not bounded"):
         assert header in html
+    assert viz.format_duration(r["p99_tpot_ms"].iloc[0]).replace(" ", "\u00a0") in html  # the book's one rule
 
 
 def test_example_trace_reads_back(tmp_path):
@@ -146,8 +147,12 @@ def test_result_table_reads_a_tune_result_in_units(cost8b):
     result = bl.tune(stream, cost8b, bl.parse_goodput(SLOS[1]), max_num_seqs=[64, 1024],
                      max_num_batched_tokens=[2048, 8192], progress=False)
     html = chapter.result_table(result).to_html()
-    assert "tuner's pick" in html and "vLLM default" in html and "p99 longest gap (ms)" in html
+    assert "tuner's pick" in html and "vLLM default" in html and "p99 longest gap" in html
     assert "goodput (req/s)" in html and "8,192" in html and "{" not in html  # no raw dict on the page
+    assert "seqs / tokens" in html and "max_num_batched_tokens" not in html  # short headers: fits 688 px
+    knobs = result.best
+    assert f"{knobs['max_num_seqs']:,} / {knobs['max_num_batched_tokens']:,}" in html
+    assert viz.format_duration(knobs["p99_ttft_ms"]).replace(" ", "\u00a0") in html
 
 
 def test_tables_name_no_pick_where_none_holds(tuned):
@@ -169,18 +174,19 @@ def test_readout_says_when_no_setting_holds(tuned):
     row = picks.iloc[0]
     same = row.copy()
     same["holds_any"], same["best_max_num_seqs"], same["best_max_num_batched_tokens"] = True, 1024, 8192
-    assert chapter.readout_label(same).startswith("pick: vLLM's default itself\ngoodput ")
+    assert chapter.readout_label(same).startswith("pick: vLLM's default itself\ngoodput: pick ")
     moved = same.copy()
     moved["best_max_num_batched_tokens"] = 2048
     assert chapter.readout_label(moved).startswith("pick: 1,024 sequences, 2,048 tokens\n")
     none = same.copy()
     none["holds_any"] = False
     label = chapter.readout_label(none)
-    assert label.startswith("no setting holds this SLO's p99s") and "pick" not in label and "×" not in label
+    assert label.startswith("no setting holds the p99s") and "pick" not in label and "×" not in label
     for text in (chapter.readout_label(same), label):
-        assert all(len(line) <= 60 for line in text.split("\n"))  # fits a phone's column
+        assert all(len(line) <= chapter.READOUT_CHARS for line in text.split("\n"))  # fits a phone's column
+        assert len(text.split("\n")) == 3
         # goodput and what was served read to the same precision, so the one never reads above the other
-        numbers = text.split("\n")[1].replace(" req/s", "").replace(";", "").split()
+        numbers = " ".join(text.split("\n")[1:]).replace(" req/s", "").replace(",", " ").replace(")", "").split()
         assert [n for n in numbers if "." in n] == [f"{v:.2f}" for v in (
             none["top_goodput"] if text == label else same["best_goodput"], same["default_goodput"],
             same["served_req_s"])]
@@ -193,7 +199,7 @@ def test_goodput_map_chart_spec(tuned):
     assert set(params) == {"slo_i", "load_i"}  # one workload: no control for it
     assert all(p["bind"]["input"] == "radio" for p in params.values())
     assert params["slo_i"]["bind"]["labels"] == list(SLO_NAMES.values())
-    assert params["load_i"]["bind"]["labels"] == ["50 % of capacity", "120 % of capacity"]
+    assert params["load_i"]["bind"]["labels"] == ["50% of capacity", "120% of capacity"]
     assert {"rect", "point", "text"} <= marks(spec)
     assert {"max_num_batched_tokens (tokens)", "max_num_seqs (sequences)"} <= set(titles(spec))
     filters = [f for f in walk(spec, "filter") if isinstance(f, str)]
@@ -207,7 +213,12 @@ def test_goodput_map_chart_spec(tuned):
     readout = [d for ds in spec["datasets"].values() for d in ds if "label" in d]
     assert len(readout) == 4 and all("vLLM default" in d["label"] for d in readout)
     tips = [t for ts in walk(spec, "tooltip") if isinstance(ts, list) for t in ts]
-    assert {"slo_load", "p99_longest_itl_ms", "share_within", "ttft_text"} <= {t["field"] for t in tips}
+    fields = {t["field"] for t in tips}
+    assert {"slo_load", "longest_itl_text", "tpot_text", "share_within", "ttft_text"} <= fields
+    assert not any(f.endswith("_ms") for f in fields)  # every duration in a tooltip by the book's one rule
+    for col in ("tpot", "longest_itl"):  # read off the unrounded runs, in grid order
+        assert [d[f"{col}_text"] for d in cells] == [viz.format_duration(v, missing="refused")
+                                                      for v in grid[f"p99_{col}_ms"]]
     ttft = [np.nan if d["p99_ttft_ms"] is None else d["p99_ttft_ms"] for d in cells]
     texts = [d["ttft_text"] for d in cells]  # the book's rule, on the data before it was rounded for the page
     assert texts == [viz.format_duration(v, missing="refused") for v in ttft]

@@ -43,7 +43,7 @@ _LINES_JS = """el => [...el.querySelectorAll('svg text')].flatMap(t => t.querySe
 
 def _readout(chart) -> list[str]:
     lines = chart.evaluate(_LINES_JS)
-    return [t for t in lines if t.startswith(("pick:", "goodput ", "no setting", "best goodput"))]
+    return [t for t in lines if t.startswith(("pick:", "goodput:", "no setting", "(vLLM default served"))]
 
 
 # The legend's labels, as drawn: a hidden label is drawn empty.
@@ -55,12 +55,12 @@ def test_the_stall_bound_at_the_near_load_reads_the_pick_of_the_facts(page):
     _pick(page, chart, "workload_i", chapter.WORKLOADS["azure-conv-2023"])
     _pick(page, chart, "slo_i", facts.value("tuning_itl_slo"))
     _pick(page, chart, "load_i", chapter.LOADS[max(chapter.LOADS)])
-    pick, goodput = _readout(chart)
+    pick, goodput, served = _readout(chart)
     seqs, tokens = facts.value("tuning_itl_pick_max_num_seqs"), facts.value("tuning_itl_pick_max_num_batched_tokens")
     assert pick == f"pick: {seqs:,} sequences, {tokens:,} tokens"
-    assert goodput == (f"goodput {facts.value('tuning_itl_pick_goodput_req_s'):.2f} req/s; vLLM default "
-                       f"{facts.value('tuning_itl_default_goodput_req_s'):.2f} of "
-                       f"{facts.value('tuning_served_req_s'):.2f} served")
+    assert goodput == (f"goodput: pick {facts.value('tuning_itl_pick_goodput_req_s'):.2f}, default "
+                       f"{facts.value('tuning_itl_default_goodput_req_s'):.2f} req/s")
+    assert served == f"(vLLM default served {facts.value('tuning_served_req_s'):.2f} req/s)"
     labels = chart.evaluate(_MARKS_JS)
     assert sum("tuner's pick" in x for x in labels) == 1 and sum("vLLM default" in x for x in labels) == 1
     assert "tuner's pick" in chart.evaluate(_LEGEND_JS)
@@ -71,8 +71,9 @@ def test_the_code_scene_names_no_pick(page):
     for slo in chapter.SLOS:
         _pick(page, chart, "workload_i", chapter.WORKLOADS["azure-code-2023"])
         _pick(page, chart, "slo_i", chapter.slo_label(bl.parse_goodput(slo)))
-        first, second = _readout(chart)
-        assert first.startswith("no setting holds this SLO's p99s") and second.startswith("best goodput ")
+        first, second, third = _readout(chart)
+        assert first.startswith("no setting holds the p99s") and second.startswith("goodput: best ")
+        assert third.startswith("(vLLM default served ")
         legend = chart.evaluate(_LEGEND_JS)  # no pick drawn, none named: the default and refused pairs stay
         assert "tuner's pick" not in legend and {"vLLM default", "refused by vLLM"} <= set(legend)
         labels = chart.evaluate(_MARKS_JS)
