@@ -165,8 +165,9 @@ def fit_chunk_hyperbola(itl_max_s, ttft_s, prompt_tokens: int, latency_s: float 
 SENT_TITLE = "time since the long prompt was sent (s)"  # the timeline's clock: zero at its client's send, as TTFT's
 _SETTING = ("datum.config == 'chunked' ? 'chunked, budget ' + format(datum.max_num_batched_tokens, ',') + ' tokens'"
             " : 'chunking off'")  # a run as the reader names it (tooltips, the first-token label)
-_POINT_TIPS = [viz.tip("setting", "setting", kind="N"), viz.tip("itl_ms", "decoders' worst gap (ms)", ".1f"),
-               viz.tip("ttft_ms", "newcomer's time to first token (ms)", ",.0f"),
+_TEXTS = {"itl_text": viz.duration_text("itl_ms"), "ttft_text": viz.duration_text("ttft_ms")}  # "1.22 s"
+_POINT_TIPS = [viz.tip("setting", "setting", kind="N"), viz.tip("itl_text", "decoders' worst gap", kind="N"),
+               viz.tip("ttft_text", "newcomer's time to first token", kind="N"),
                viz.tip("chunks", "iterations carrying part of the prompt", "d")]
 
 
@@ -210,11 +211,12 @@ def chunking_chart(points: pd.DataFrame, timeline: pd.DataFrame, curve: pd.DataF
     y = alt.Y("itl_ms:Q", title="decoders' worst inter-token latency (ms)",
               scale=alt.Scale(type="log", nice=False, padding=14),
               axis=alt.Axis(values=viz.log_ticks(points["itl_max_s"] * 1e3), format=","))
-    fit = alt.Chart(curve).transform_calculate(**ms).mark_line(color="#999999", strokeDash=[5, 3], strokeWidth=1.5
-                                                               ).encode(x=x, y=y, tooltip=[
-        viz.tip("itl_ms", "worst gap on the fitted hyperbola (ms)", ".1f"),
-        viz.tip("ttft_ms", "time to first token on the fitted hyperbola (ms)", ",.0f")])
-    base = alt.Chart(points).transform_calculate(setting=_SETTING, **ms).encode(x=x, y=y, tooltip=_POINT_TIPS)
+    fit = alt.Chart(curve).transform_calculate(**ms).transform_calculate(**_TEXTS).mark_line(
+        color="#999999", strokeDash=[5, 3], strokeWidth=1.5).encode(x=x, y=y, tooltip=[
+            viz.tip("itl_text", "worst gap on the fitted hyperbola", kind="N"),
+            viz.tip("ttft_text", "time to first token on the fitted hyperbola", kind="N")])
+    base = alt.Chart(points).transform_calculate(setting=_SETTING, **ms).transform_calculate(**_TEXTS).encode(
+        x=x, y=y, tooltip=_POINT_TIPS)
     trade = base.transform_filter("datum.config == 'chunked'").mark_line(point=True, color=viz.PALETTE[0])
     off = base.transform_filter("datum.config == 'unchunked'").mark_point(shape="square", size=90,
                                                                           color=viz.PALETTE[3], filled=True)
@@ -235,17 +237,18 @@ def _chunking_timeline(points, timeline, chosen):
     x = alt.X("time_s:Q", title=SENT_TITLE, scale=alt.Scale(domain=[lo, hi]))
     top = float(timeline["itl_s"].max() * 1e3 * 1.08)
     tips = [viz.tip("time_s", SENT_TITLE, ".3f"),
-            viz.tip("itl_ms", "decoders' gap between two tokens (ms)", ".1f"),
+            viz.tip("itl_text", "decoders' gap between two tokens", kind="N"),
             viz.tip("sequences", "decoders with this gap (sequences)", ",d")]
-    bars = alt.Chart(timeline).transform_filter(chosen).transform_calculate(itl_ms="datum.itl_s * 1000").mark_bar(
+    bars = alt.Chart(timeline).transform_filter(chosen).transform_calculate(
+        itl_ms="datum.itl_s * 1000", itl_text=_TEXTS["itl_text"]).mark_bar(
         width=2.5, color=viz.PALETTE[0]).encode(x=x, y=alt.Y("itl_ms:Q", title="decoders' inter-token latency (ms)",
                                                              scale=alt.Scale(domain=[0, top])), tooltip=tips)
     first = alt.Chart(points).transform_filter(chosen).transform_calculate(
-        setting=_SETTING, ttft_ms="datum.ttft_s * 1000",
+        setting=_SETTING, ttft_ms="datum.ttft_s * 1000", ttft_text=_TEXTS["ttft_text"],
         label="'first token after ' + (" + viz.duration_text("ttft_s", unit="s") + ")")
     rule = first.mark_rule(color=viz.PALETTE[3], strokeDash=[4, 3]).encode(
         x="ttft_s:Q", tooltip=[viz.tip("setting", "setting", kind="N"),
-                               viz.tip("ttft_ms", "newcomer's time to first token (ms)", ",.0f")])
+                               viz.tip("ttft_text", "newcomer's time to first token", kind="N")])
     # The label stands beside its rule, on the side with room (the rule never runs through it): right of a
     # rule in the left half of the panel, left of one in the right half.
     mid = (lo + hi) / 2

@@ -240,8 +240,8 @@ def spike_chart(itl: pd.DataFrame, behind: pd.DataFrame, reference_ms: float | N
     # zero is the long prompt's send, as in admission_table; no two labels touching
     x = alt.X("time_s:Q", title=SENT_TITLE, axis=alt.Axis(tickCount=6, labelSeparation=8, labelFlush=False))
     y = alt.Y("itl_ms:Q", title=viz.title("itl_ms"), axis=y_axis)
-    base = alt.Chart(itl).transform_filter(pick)
-    gap_tips = [viz.tip("time_s", SENT_TITLE, ".3f"), viz.tip("itl_ms", fmt=",.1f"),
+    base = alt.Chart(itl).transform_filter(pick).transform_calculate(gap=viz.duration_text("itl_ms"))
+    gap_tips = [viz.tip("time_s", SENT_TITLE, ".3f"), viz.tip("gap", "inter-token latency", kind="N"),
                 viz.tip("sequences", "decoders with this gap (sequences)", ",")]
     top = base.transform_joinaggregate(top="max(itl_ms)", lo="min(time_s)", hi="max(time_s)").transform_filter(
         "datum.itl_ms == datum.top").transform_calculate(
@@ -257,13 +257,14 @@ def spike_chart(itl: pd.DataFrame, behind: pd.DataFrame, reference_ms: float | N
                        y=y, tooltip=[viz.tip("text", "reference", kind="N"), viz.tip("itl_ms", fmt=",.0f")]),
                    ref.mark_text(align="right", baseline="bottom", dy=-3, color="#555555").encode(
                        x=alt.value("width"), y=y, text="text:N")]
-    ttft = alt.Chart(behind).transform_filter(pick).mark_line(point=True).encode(
+    ttft = alt.Chart(behind).transform_filter(pick).transform_calculate(
+        ttft=viz.duration_text("ttft_ms")).mark_line(point=True).encode(
         x=alt.X("arrival_ms:Q", title="arrival after the long prompt (ms)", axis=ms_axis),
         y=alt.Y("ttft_ms:Q", title=viz.title("ttft_ms"), axis=y_axis),
         color=alt.Color("run:N", title=None, legend=alt.Legend(orient="top"),
                         scale=alt.Scale(domain=sorted(behind["run"].unique()), range=[viz.PALETTE[3], viz.PALETTE[2]])),
         tooltip=[viz.tip("run", "run", kind="N"), viz.tip("arrival_ms", "arrival after the long prompt (ms)", ",.1f"),
-                 viz.tip("ttft_ms", fmt=",.1f")])
+                 viz.tip("ttft", "TTFT", kind="N")])  # durations as the book prints them: "1.29 s"
     return alt.vconcat(alt.layer(*layers).properties(width=width, height=height),
                        ttft.properties(width=width, height=int(height * 0.6))).resolve_legend(
         color="independent").add_params(model, order).properties(  # the legend sits with its panel

@@ -261,18 +261,19 @@ def _panel(data: pd.DataFrame, knees: pd.DataFrame, gpu: str, at_batch: str, at_
            height: int):
     """One GPU's plot: the two curves at the chosen context, the chosen batch on them, and each curve's knee."""
     x, y, color = axes["x"], axes["y"], axes["color"]
-    words = {"gpu": f"'{gpu}'", "memory": "datum.kv_fits ? 'fits' : 'does not fit'"}  # in vLLM's KV pool
+    words = {"gpu": f"'{gpu}'", "memory": "datum.kv_fits ? 'fits' : 'does not fit'",  # in vLLM's KV pool
+             "step_time": viz.duration_text("step_time_ms")}  # "8.06 ms", "1.34 s": the readout's rule
     line = alt.Chart(data).transform_filter(at_ctx).transform_calculate(**words)
     here = line.transform_filter(at_batch)
-    knee = alt.Chart(knees).transform_filter(at_ctx).transform_calculate(gpu=words["gpu"])
+    knee = alt.Chart(knees).transform_filter(at_ctx).transform_calculate(gpu=words["gpu"], step_time=words["step_time"])
     kx = alt.X("knee:Q", title=viz.title("batch"))
     tips = [viz.tip("gpu", "GPU", kind="N"), viz.tip("cost", "cost model", kind="N"), viz.tip("batch", fmt=","),
-            viz.tip("context", fmt=","), viz.tip("step_time_ms", fmt=",.3r"),
+            viz.tip("context", fmt=","), viz.tip("step_time", "step time", kind="N"),
             viz.tip("memory", "KV cache in vLLM's KV pool", kind="N")]
     knee_tips = [viz.tip("gpu", "GPU", kind="N"), viz.tip("cost", "cost model", kind="N"),
                  viz.tip("context", fmt=","), viz.tip("knee", "knee (sequences)", fmt=",.1f"),
                  viz.tip("kv_limit", "KV limit (sequences)", kind="N"),
-                 viz.tip("step_time_ms", "step time at the knee (ms)", fmt=",.3r")]
+                 viz.tip("step_time", "step time at the knee", kind="N")]
     return alt.layer(
         line.transform_filter("datum.kv_fits").mark_line().encode(x=x, y=y, color=color),
         line.mark_line(opacity=0.35, strokeDash=[2, 2]).encode(x=x, y=y, color=color),

@@ -139,7 +139,8 @@ def test_chunking_chart_tooltips_are_titled_in_words(frames):
     assert not [t["title"] for t in tips if re.search(r"[a-z]+_[a-z]+", t["title"])]  # words, not code names
     assert all("(" in t["title"] for t in tips if t["field"].endswith(("_ms", "_s")))  # with their unit
     fields = {t["field"] for t in tips}
-    assert {"setting", "itl_ms", "ttft_ms", "time_s", "sequences"} <= fields and "config" not in fields
+    assert {"setting", "itl_text", "ttft_text", "time_s", "sequences"} <= fields and "config" not in fields
+    assert not fields & {"itl_ms", "ttft_ms"}  # durations as the book prints them ("1.22 s"), not "1,221"
 
 
 def test_chunking_chart_layers_and_encodings(frames):

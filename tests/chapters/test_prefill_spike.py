@@ -196,7 +196,9 @@ def test_every_tooltip_is_titled_in_words(frames):
     tips = [t for v in walk({k: v for k, v in spec.items() if k != "datasets"}, "tooltip") for t in v]
     assert len(tips) == 3 + 2 + 3  # gaps, the reference, the short requests
     assert all(t.get("title") and "_" not in t["title"] for t in tips)
-    assert {"inter-token latency (ms)", "TTFT (ms)", "arrival after the long prompt (ms)"} <= {t["title"] for t in tips}
+    assert {"inter-token latency", "TTFT", "arrival after the long prompt (ms)"} <= {t["title"] for t in tips}
+    durations = [t for t in tips if t["title"] in ("inter-token latency", "TTFT")]  # "1.33 s", not "1,333.4"
+    assert len(durations) == 2 and all(t["field"] in ("gap", "ttft") and t["type"] == "nominal" for t in durations)
 
 
 def test_spike_chart_axes_fit_every_selection(frames):

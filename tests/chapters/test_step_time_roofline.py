@@ -172,7 +172,9 @@ def test_every_tooltip_is_titled_in_words(frames):
     tips = [t for v in walk({k: v for k, v in spec.items() if k != "datasets"}, "tooltip") for t in v]
     assert tips and all(t.get("title") and "_" not in t["title"] for t in tips)
     assert {t["title"] for t in tips} >= {"batch size (sequences)", "context per sequence (tokens)",
-                                          "step time (ms)", "knee (sequences)", "GPU", "cost model"}
+                                          "step time", "knee (sequences)", "GPU", "cost model"}
+    step = [t for t in tips if t["title"].startswith("step time")]  # a duration: its unit in the value
+    assert step and all(t["field"] == "step_time" and t["type"] == "nominal" for t in step)
 
 
 def test_drawn_knees_are_the_cost_models(frames):
