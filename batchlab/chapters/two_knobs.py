@@ -31,8 +31,8 @@ from . import facts, scenes
 # slider moves through 15 and 11 positions; encoded as their index, an evenly spaced grid for a slider.
 MAX_NUM_SEQS = (8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
 MAX_NUM_BATCHED_TOKENS = (512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384)
-SAME_THROUGHPUT = 0.01  # throughputs (and p99 ITLs) within 1 % count as equal
-PLATEAU = 0.05  # a p99 TTFT within 5 % of another counts as as good
+SAME_THROUGHPUT = 0.01  # throughputs (and p99 ITLs) within 1% count as equal
+PLATEAU = 0.05  # a p99 TTFT within 5% of another counts as as good
 CONV_LOADS = {"light": 0.5, "moderate": 0.8, "near": 0.95, "over": 1.2}  # the conv scene's rates, x capacity
 
 TWO_KNOB_KINDS = ("accepted", "refused by vLLM", "vLLM serve default", "vLLM offline default")
@@ -263,11 +263,13 @@ def vllm_defaults_style(table: pd.DataFrame):
     table = table if "gpu" in table.columns else table.reset_index()
     shown = table.assign(gpu=table["gpu"].map(lambda g: viz.GPU_NAMES.get(g, g)))
     count = "{:,.0f}".format
+    # one column per knob, so the long knob names sit in two headers and the table fits the book's column
+    shown["budgets"] = [f"{serve:,} / {offline:,}" for serve, offline in zip(
+        table["max_num_batched_tokens_serve"], table["max_num_batched_tokens_offline"])]
     return viz.display_table(shown, {
         "gpu": ("GPU", str), "hbm_gib": ("HBM (GiB)", "{:.0f}".format),
         "max_num_seqs": ("max_num_seqs (sequences)", count),
-        "max_num_batched_tokens_serve": ("max_num_batched_tokens, vllm serve (tokens)", count),
-        "max_num_batched_tokens_offline": ("max_num_batched_tokens, offline LLM (tokens)", count)})
+        "budgets": ("max_num_batched_tokens (tokens): vllm serve / offline LLM", str)})
 
 
 # -- the chart ----------------------------------------------------------------------------------------------
@@ -605,14 +607,14 @@ def _offline_tokens():
 
 @facts.fact("knobs_plateau_seqs", scene="conv", unit="sequences", fmt=",.0f", chapter="two_knobs",
             text="at the conversation scene's near load and vLLM's default budget, the smallest max_num_seqs of "
-                 "the sweep whose p99 TTFT is within 5 % of the best: where raising the cap stops paying")
+                 "the sweep whose p99 TTFT is within 5% of the best: where raising the cap stops paying")
 def _plateau_seqs():
     return int(conv_plateau().loc[conv_rates()["near"]])
 
 
 def _near_fact(name: str, column: str, unit: str, fmt: str, text: str):
     @facts.fact(f"knobs_{name}", scene="conv", unit=unit, fmt=fmt, chapter="two_knobs",
-                text=f"{text}, at the conversation scene's near load (95 % of capacity)")
+                text=f"{text}, at the conversation scene's near load (95% of capacity)")
     def _near():
         value = conv_picks().loc[conv_rates()["near"], column]
         return int(value) if column.endswith(("_seqs", "_tokens")) else float(value)
@@ -640,7 +642,7 @@ def _over_default_itl():
 
 @facts.fact("over_peak_running", scene="conv", unit="sequences", fmt=",.0f", chapter="two_knobs",
             text="the most sequences running at once with vLLM's defaults at the conversation scene's overload "
-                 "rate (120 % of capacity): the KV pool, not max_num_seqs, caps the batch")
+                 "rate (120% of capacity): the KV pool, not max_num_seqs, caps the batch")
 def _peak_running():
     return conv_overload()["peak_running"]
 
