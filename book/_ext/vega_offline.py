@@ -64,15 +64,19 @@ table.batchlab-stacked tr { border-top: 1px solid #bbb; padding: 0.35rem 0; }
 table.batchlab-stacked td, table.batchlab-stacked tbody th { border: none; padding: 0.1rem 0; }
 table.batchlab-stacked td[data-label]::before, table.batchlab-stacked tbody th[data-label]::before {
   content: attr(data-label) ": "; font-weight: 600; }
-/* In a wider column a table too wide for it scrolls sideways; its first column stays put, so a row keeps its name. */
+/* In a wider column a table too wide for it first tightens (smaller type, narrower cell padding); only if it is
+   still too wide does it scroll sideways (batchlab-wide). */
+table.batchlab-compact { font-size: 0.9em; }
+table.batchlab-compact th, table.batchlab-compact td { padding: 0.25rem 0.3rem; }
+/* A table too wide even then scrolls sideways; its first column stays put, so a row keeps its name. */
 table.batchlab-wide { display: block; max-width: 100%; overflow-x: auto; font-size: 0.9em; }
 table.batchlab-wide .batchlab-short { white-space: nowrap; }
 table.batchlab-wide tr > :first-child { position: sticky; left: 0; z-index: 1;
   background: var(--pst-color-background, #fff); }
 """
 # A table wider than its column: in a phone's column (under 600 px) it is marked stacked, each cell labelled with its
-# column's header, and the CSS above shows it as one block per row; in a wider column it scrolls sideways with its
-# first column (the row's name) kept in view. Redone when the window is resized.
+# column's header, and the CSS above shows it as one block per row; in a wider column it first tightens (compact) and,
+# if still too wide, scrolls sideways with its first column (the row's name) kept in view. Redone when the window is resized.
 TABLES_JS = """(function () {
   var NARROW_PX = 600;  // a column narrower than this is a phone's: stack; a wider one scrolls, first column kept
   // Each column's label: the texts of its header cells, row by row, joined (a cell spanning rows or columns counts
@@ -127,10 +131,11 @@ TABLES_JS = """(function () {
     var tables = document.querySelectorAll("article table");
     for (var i = 0; i < tables.length; i++) {
       var t = tables[i], box = t.parentElement;
-      t.classList.remove("batchlab-stacked", "batchlab-wide");
+      t.classList.remove("batchlab-stacked", "batchlab-compact", "batchlab-wide");
       if (t.scrollWidth <= box.clientWidth + 1) { continue; }
-      if (box.clientWidth < NARROW_PX) { label(t); t.classList.add("batchlab-stacked"); }
-      else { t.classList.add("batchlab-wide"); sizeCells(t); }
+      if (box.clientWidth < NARROW_PX) { label(t); t.classList.add("batchlab-stacked"); continue; }
+      t.classList.add("batchlab-compact");
+      if (t.scrollWidth > box.clientWidth + 1) { t.classList.add("batchlab-wide"); sizeCells(t); }
     }
   }
   var timer = null;
