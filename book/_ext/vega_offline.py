@@ -75,10 +75,11 @@ table.batchlab-wide tr > :first-child { position: sticky; left: 0; z-index: 1;
   background: var(--pst-color-background, #fff); }
 """
 # A table wider than its column: in a phone's column (under 600 px) it is marked stacked, each cell labelled with its
-# column's header, and the CSS above shows it as one block per row; in a wider column it first tightens (compact) and,
-# if still too wide, scrolls sideways with its first column (the row's name) kept in view. Redone when the window is resized.
+# column's header, and the CSS above shows it as one block per row; in a wider column it first tightens (compact)
+# and, if still too wide, scrolls sideways with its first column (the row's name) kept in view. Redone when the
+# window is resized.
 TABLES_JS = """(function () {
-  var NARROW_PX = 600;  // a column narrower than this is a phone's: stack; a wider one scrolls, first column kept
+  var NARROW_PX = 600;  // a narrower column is a phone's: stack; a wider one tightens, then scrolls
   // Each column's label: the texts of its header cells, row by row, joined (a cell spanning rows or columns counts
   // once per column). A pandas Styler with a named index writes two header rows: the columns' names, then the
   // index's name under an empty corner; so the first column is named by the second row, the others by the first.
