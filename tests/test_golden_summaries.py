@@ -23,6 +23,13 @@ formulas, and a re-fit is checked where it belongs (chapter 13, ``tests/calibrat
 Since issue 12 ``summary()`` reads ITL from a histogram the loop fills as it runs; the summaries pinned here are
 computed from every token's time (``SimResult.summary_from_tokens``), so the schedules stay pinned bit for bit,
 and ``tests/test_metrics_streaming.py`` holds ``summary()`` to them within the histogram's stated bound.
+
+Since issue 25, vLLM 0.33's rules are pinned too: ``tests/golden/summaries_vllm033.json`` holds ``chunked`` on the
+same workloads with every rule at vLLM's default (async scheduling, prefix caching, full-prompt reservation,
+``max_model_len`` the model's) and the pool sized as vLLM 0.33 sizes it (``gpu_memory_utilization`` 0.92), under
+the knob sets of :data:`DEFAULT_RULE_CONFIGS`. ``--write`` writes both files (a refactor leaves both untouched);
+its test is parametrized over the configurations, not over the file, so a missing file or entry fails.
+``tests/test_hash_grid.py`` pins every run's full output (token times, steps, schedule) as hashes.
 """
 from __future__ import annotations
 
@@ -37,6 +44,7 @@ import batchlab as bl
 from pinned import PINNED_CALIBRATION
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "summaries.json"
+GOLDEN_DEFAULT_RULES = GOLDEN.with_name("summaries_vllm033.json")
 N_REQUESTS = 500
 WORKLOADS = {  # preset -> arrival rate (req/s); None keeps the trace's own
     "azure-conv-2023": None, "azure-code-2023": None, "mooncake-conversation": 0.5, "sharegpt": None,
@@ -52,6 +60,16 @@ CONFIGS = {
     "chunked-small-pool": ("chunked", {"max_num_seqs": 128, "max_num_batched_tokens": 512, "num_kv_blocks": 700}),
     "chunked-threshold": ("chunked", {"max_num_batched_tokens": 2048, "long_prefill_token_threshold": 256}),
     "chunked-unchunked": ("chunked", {"max_num_batched_tokens": 16384, "enable_chunked_prefill": False}),
+}
+
+
+DEFAULT_RULE_CONFIGS = {  # chunked under vLLM 0.33's rules and pool: name -> knobs
+    "vllm033": {},
+    "vllm033-small-budget": {"max_num_seqs": 128, "max_num_batched_tokens": 512},
+    "vllm033-threshold": {"max_num_batched_tokens": 2048, "long_prefill_token_threshold": 256},
+    "vllm033-unchunked": {"enable_chunked_prefill": False},
+    "vllm033-sync": {"async_scheduling": False},
+    "vllm033-small-pool": {"num_kv_blocks": 700},
 }
 
 
@@ -79,8 +97,23 @@ def _summaries() -> dict:
 
 def _summary(policy, knobs, cost, reqs) -> dict:
     knobs = {"num_kv_blocks": first_pool(cost), **(LEGACY_CHUNKED if policy == "chunked" else {}), **knobs}
-    summary = bl.simulate(reqs, policy, cost, **knobs).summary_from_tokens()
+    return _tokens_summary(bl.simulate(reqs, policy, cost, **knobs))
+
+
+def _tokens_summary(result) -> dict:
+    summary = result.summary_from_tokens()
     return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in summary.items()}
+
+
+def _default_rule_summaries() -> dict:
+    """``chunked`` under vLLM 0.33's default rules and pool, on :data:`WORKLOADS`."""
+    cost = bl.CostModel(bl.get_hardware("h100-sxm"), bl.get_model("llama-3-8b"), **PINNED)
+    out = {}
+    for workload, rate in WORKLOADS.items():
+        reqs = bl.preset(workload, N_REQUESTS, rate, seed=7)
+        for name, knobs in DEFAULT_RULE_CONFIGS.items():
+            out[f"{workload}/{name}"] = _tokens_summary(bl.simulate(reqs, "chunked", cost, **knobs))
+    return out
 
 
 @pytest.mark.parametrize("key", sorted(json.loads(GOLDEN.read_text())) if GOLDEN.is_file() else [])
@@ -94,6 +127,28 @@ def summaries():
     return _summaries()
 
 
+@pytest.fixture(scope="module")
+def default_rule_summaries():
+    return _default_rule_summaries()
+
+
+@pytest.mark.parametrize("key", [f"{w}/{c}" for w in WORKLOADS for c in DEFAULT_RULE_CONFIGS])
+def test_default_rule_summary_unchanged(key, default_rule_summaries):
+    assert GOLDEN_DEFAULT_RULES.is_file(), f"{GOLDEN_DEFAULT_RULES} is missing: run this file with --write"
+    golden = json.loads(GOLDEN_DEFAULT_RULES.read_text())
+    assert key in golden, f"{key} is not in {GOLDEN_DEFAULT_RULES.name}: run this file with --write"
+    assert {k: default_rule_summaries[key][k] for k in golden[key]} == golden[key]
+
+
+def test_default_rules_are_exercised(default_rule_summaries):
+    """The default-rule entries reach preemption and rejection (prompts of max_model_len or more)."""
+    runs = default_rule_summaries.values()
+    assert sum(s["preemptions"] for s in runs) > 0
+    assert sum(s["rejected"] for s in runs) > 0
+
+
 if __name__ == "__main__" and "--write" in sys.argv:
     GOLDEN.write_text(json.dumps(_summaries(), indent=1, sort_keys=True) + "\n")
     print(f"wrote {GOLDEN}")
+    GOLDEN_DEFAULT_RULES.write_text(json.dumps(_default_rule_summaries(), indent=1, sort_keys=True) + "\n")
+    print(f"wrote {GOLDEN_DEFAULT_RULES}")
