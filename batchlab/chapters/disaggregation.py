@@ -213,7 +213,7 @@ def goodput_chart(table: pd.DataFrame, workload_name: str | None = None, slo: in
 
 
 def latency_at(grid: pd.DataFrame, name: str, rate: float) -> pd.DataFrame:
-    """The P90 TTFT and TPOT (ms) of every configuration on workload ``name`` at the grid rate nearest ``rate``.
+    """The p90 TTFT and TPOT (ms) of every configuration on workload ``name`` at the grid rate nearest ``rate``.
     Used in chapter 11."""
     runs = grid[grid["workload"] == name]
     if runs.empty:
@@ -246,7 +246,7 @@ def transfer_display(table: pd.DataFrame, network_gbit_s: float = 400.0):
 @facts.memo
 def routing_table(cost, workloads: dict, n_replicas: int, routers=ROUTERS, **knobs) -> pd.DataFrame:
     """Each router over ``n_replicas`` replicas on each workload (name -> :class:`batchlab.Requests`): the fleet's
-    prefix-cache hit rate, median and P99 TTFT, P99 TPOT and the spread of requests across replicas (largest
+    prefix-cache hit rate, median and p99 TTFT, p99 TPOT and the spread of requests across replicas (largest
     share / fair share). Cached on disk (:func:`facts.memo`). Used in chapter 11."""
     if not workloads:
         raise ValueError("workloads must name at least one workload")
@@ -268,8 +268,8 @@ def routing_display(table: pd.DataFrame):
     return viz.display_table(table, {
         "workload": ("workload", "{}"), "router": ("router", "{}"),
         "prefix_cache_hit_rate": ("prefix-cache hit rate", "{:.1%}"),
-        "median_ttft_ms": ("median TTFT (ms)", "{:,.0f}"), "p99_ttft_ms": ("P99 TTFT (ms)", "{:,.0f}"),
-        "p99_tpot_ms": ("P99 TPOT (ms)", "{:,.1f}"), "imbalance": ("busiest replica / mean (requests)", "{:.2f}")})
+        "median_ttft_ms": ("median TTFT (ms)", "{:,.0f}"), "p99_ttft_ms": ("p99 TTFT (ms)", "{:,.0f}"),
+        "p99_tpot_ms": ("p99 TPOT (ms)", "{:,.1f}"), "imbalance": ("busiest replica / mean (requests)", "{:.2f}")})
 
 
 def winners_display(table: pd.DataFrame):

@@ -318,7 +318,7 @@ def setup_table(close: pd.DataFrame, hit_rate: float, book_traffic: str):
                                       "in the prefix cache where the server kept up (simulated)"),
             ("load", "from one request to past capacity", f"{_listed(close['rate_req_s'], '{:g}')} req/s")]
     return viz.display_table(pd.DataFrame(rows, columns=["part", "book", "runs"]), {
-        "part": ("", str), "book": ("the book, chapters 2 to 9", str),
+        "part": ("", str), "book": ("the book's setup", str),
         "runs": (f"the {len(close)} closest measured runs", str)})
 
 

@@ -401,10 +401,10 @@ def test_setup_headline_reads_the_frame(closest):
 def test_setup_tables_show_the_book_beside_the_runs(closest):
     close, frame = closest
     table = chapter.setup_table(close, 0.967, "the book's traffic").data
-    assert table.columns.tolist() == ["", "the book, chapters 2 to 9", "the 4 closest measured runs"]
+    assert table.columns.tolist() == ["", "the book's setup", "the 4 closest measured runs"]
     row = table.set_index("")
     assert row.loc["max_num_seqs", "the 4 closest measured runs"] == "128"
-    assert row.loc["KV cache per token", "the book, chapters 2 to 9"] == "128 KiB"
+    assert row.loc["KV cache per token", "the book's setup"] == "128 KiB"
     assert "97%" in row.loc["prompts", "the 4 closest measured runs"]
     assert row.loc["load", "the 4 closest measured runs"] == "4, 6, 8 and 20 req/s"
     errors = chapter.setup_error_table(frame, close).data
