@@ -179,6 +179,18 @@ def display_formulas(visit: Visit) -> tuple[list[dict], list[dict]]:
     return formulas, wide
 
 
+def assert_formulas_fit_a_phone(browser, url: str, at_least: int) -> None:
+    """The page at ``url``, opened 400 px wide, has at least ``at_least`` display formulas and none wider than its
+    column (chapters 4 and 6, whose formulas are the widest)."""
+    v = Visit(browser, url, width=400)
+    try:
+        formulas, wide = display_formulas(v)
+        assert len(formulas) >= at_least
+        assert not wide, f"display formulas wider than the column at 400 px: {wide}"
+    finally:
+        v.close()
+
+
 # What lies on what in a chart's svg, in the chart's current state (shared by tests/test_book_browser.py and the
 # chapters' browser tests; see ``clashes``). Boxes are screen boxes; a text's box is shrunk by 1 px each side, so a
 # line that only grazes its edge does not count.

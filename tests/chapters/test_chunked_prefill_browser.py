@@ -9,7 +9,7 @@ Needs the built book (``make book``, or ``scripts/build_pages.py notebooks/06_ch
 from __future__ import annotations
 
 import pytest
-from bookpage import Visit, chart_texts, display_formulas, redrawn, set_range
+from bookpage import Visit, assert_formulas_fit_a_phone, chart_texts, redrawn, set_range
 
 from batchlab import viz
 from batchlab.chapters import facts
@@ -98,10 +98,4 @@ def test_no_rule_crosses_a_text_at_any_budget(site, browser, width):
 
 
 def test_display_formulas_fit_a_phone(site, browser):
-    v = Visit(browser, f"{site}/{PAGE}.html", width=400)
-    try:
-        formulas, wide = display_formulas(v)
-        assert len(formulas) >= 4
-        assert not wide, f"display formulas wider than the column at 400 px: {wide}"
-    finally:
-        v.close()
+    assert_formulas_fit_a_phone(browser, f"{site}/{PAGE}.html", at_least=4)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from bookpage import Visit, display_formulas, set_range
+from bookpage import Visit, assert_formulas_fit_a_phone, set_range
 
 import batchlab as bl
 
@@ -171,10 +171,4 @@ def test_no_rule_crosses_a_text_at_any_slider_position(site, browser, width):
 
 
 def test_display_formulas_fit_a_phone(site, browser):
-    v = Visit(browser, f"{site}/{PAGE}.html", width=400)
-    try:
-        formulas, wide = display_formulas(v)
-        assert len(formulas) >= 5
-        assert not wide, f"display formulas wider than the column at 400 px: {wide}"
-    finally:
-        v.close()
+    assert_formulas_fit_a_phone(browser, f"{site}/{PAGE}.html", at_least=5)
