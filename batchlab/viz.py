@@ -202,6 +202,66 @@ def round_duration(values, unit: str = "ms") -> np.ndarray:
     return np.array(out).reshape(np.shape(values))
 
 
+# -- request rates: one rule, a Python twin and a Vega twin -----------------------------------------------------
+# Two significant digits below 1 req/s ("0.050", "0.17", "0.0032"), one decimal from 1 up to 100 ("1.2", "8.3",
+# "18.5"), whole and thousands separated from there ("120", "1,107"). The switch follows the value as printed:
+# 0.996 reads "1.0" (as 1.0 does) and 99.96 reads "100", never "100.0". A rate of exactly zero reads "0", never
+# "0.0" or "0.00", so no rate reads like a small positive one. A missing value (None, NaN, ±inf) reads ``missing``.
+# The number carries no unit: headers and tooltip titles say "(req/s)". Ties round half away from zero on the
+# exact binary value, as d3-format does (``toExponential``/``toFixed``), so both twins print the same string.
+RATE_MISSING = "–"
+
+
+def format_rate(value, missing: str = RATE_MISSING) -> str:
+    """A request rate (req/s) as the book prints it: ``"0.050"``, ``"0.17"``, ``"8.3"``, ``"18.5"``, ``"0"``.
+
+    The Python twin of :func:`rate_text` (``tests/test_rates.py`` checks them against each other in Chromium).
+    For the tables, readouts and glued text of chapter 9 (goodputs, served and sustainable rates).
+
+    Parameters
+    ----------
+    value : float or None
+        The rate, in req/s.
+    missing : str
+        Printed for None, NaN and ±inf.
+    """
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return missing
+    if not math.isfinite(v):
+        return missing
+    if v == 0:
+        return "0"
+    if abs(v) < 1:
+        exponent = int(_decimal_text(v, ".1e").rsplit("e", 1)[1])  # after rounding: 0.0996 -> 1.0e-1
+        text = _decimal_text(v, f".{1 - exponent}f")
+    elif abs(v) < 99.95:
+        text = _decimal_text(v, ".1f")
+    else:
+        text = _decimal_text(v, ",.0f")
+    return text.replace("-", "\u2212")  # d3-format's minus sign
+
+
+def rate_text(field: str, missing: str = RATE_MISSING) -> str:
+    """A Vega expression reading a request-rate field (req/s) as :func:`format_rate` prints it: ``"0.050"``,
+    ``"8.3"``, ``"18.5"``, ``"0"``; ``missing`` where there is none. For tooltips, readouts and labels."""
+    v = f"datum['{field}']"
+    return (f"!isFinite({v}) ? {json.dumps(missing, ensure_ascii=False)} : {v} == 0 ? '0' : "
+            f"abs({v}) < 1 ? format({v}, '.2r') : abs({v}) < 99.95 ? format({v}, '.1f') : format({v}, ',.0f')")
+
+
+def round_rate(values) -> np.ndarray:
+    """Request rates (req/s) rounded to the digits :func:`format_rate` and :func:`rate_text` print (0.04965 ->
+    0.05, 18.466 -> 18.5, 0.0032 stays 0.0032); missing values become NaN. For chart data inlined in a page, so
+    that its labels and tooltips print what the table beside it says."""
+    out = []
+    for v in np.asarray(values, dtype=float).ravel():
+        text = format_rate(v, missing="")
+        out.append(float(decimal.Decimal(text.replace("\u2212", "-").replace(",", ""))) if text else np.nan)
+    return np.array(out).reshape(np.shape(values))
+
+
 # -- theme -------------------------------------------------------------------------------------------------
 @alt.theme.register(THEME, enable=True)
 def _theme() -> alt.theme.ThemeConfig:

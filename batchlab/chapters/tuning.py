@@ -80,8 +80,9 @@ def slo_readings(res, specs) -> pd.DataFrame:
 
 
 def slo_readings_table(readings: pd.DataFrame, slo_names: dict):
-    """:func:`slo_readings` formatted, the SLO by its bounds in ms. Used in chapter 9."""
-    rate, ms = "{:.1f}".format, _duration
+    """:func:`slo_readings` formatted, the SLO by its bounds in ms, rates by the book's rule
+    (:func:`batchlab.viz.format_rate`). Used in chapter 9."""
+    rate, ms = viz.format_rate, _duration
     longest = readings["p99_longest_itl_ms"].map(lambda v: ms(v) if np.isfinite(v) else "not bounded")
     shown = readings.assign(slo=readings["slo"].map(slo_names), p99_longest_itl_ms=longest,
                             slo_met=readings["slo_met"].map({True: "yes", False: "no"}))
@@ -254,17 +255,20 @@ def _pick_knob(frame: pd.DataFrame) -> pd.Series:
 
 def _scene_at(frame: pd.DataFrame, workload_names: dict, words: str = "") -> pd.Series:
     """``"conversation, 10.4 req/s"``: the scene by its name on the page and the rate of the row."""
-    return frame["workload"].map(workload_names) + f", {words}" + frame["rate_req_s"].map("{:.1f} req/s".format)
+    return frame["workload"].map(workload_names) + f", {words}" + frame["rate_req_s"].map(viz.format_rate) + " req/s"
 
 
 def picks_table(picks: pd.DataFrame, slo_names: dict, workload_names: dict):
     """The tuner's pick against vLLM's default per workload, SLO and load, formatted in five columns (narrow
     enough for the book's column): scene and rate, SLO, the pick's knobs (or that no pair holds the SLO, and
     then no pick's numbers), the goodputs of the pick and the default beside the requests the default served
-    (req/s), and the SLO load (largest p99 / bound) of both. Used in chapter 9."""
+    (req/s), and the SLO load (largest p99 / bound) of both. Every rate reads by the book's rule
+    (:func:`batchlab.viz.format_rate`), as on the map. Used in chapter 9."""
+    rate = viz.format_rate
+
     def goodputs(r):
-        best = f"{r.best_goodput:.1f}" if r.holds_any else "–"
-        return f"{best} / {r.default_goodput:.1f} of {r.served_req_s:.1f}"
+        best = rate(r.best_goodput) if r.holds_any else "–"
+        return f"{best} / {rate(r.default_goodput)} of {rate(r.served_req_s)}"
 
     def loads(r):
         best = f"{r.best_slo_load:.2f}" if r.holds_any else "–"
@@ -283,12 +287,12 @@ def picks_table(picks: pd.DataFrame, slo_names: dict, workload_names: dict):
 def headroom_table(rates: pd.DataFrame, slo_names: dict, workload_names: dict):
     """:func:`headroom` formatted in four columns: the scene and the rate it was tuned at, the SLO, the pick (the
     most-goodput pair where none holds) and the largest rate under the SLO of the pick and of the default,
-    ``"no rate"`` where the SLO holds at no rate. Used in chapter 9."""
+    ``"no rate"`` where the SLO holds at no rate, any other by :func:`batchlab.viz.format_rate`. Used in chapter 9."""
     knobs = rates["best_max_num_seqs"].map("{:,}".format) + " / " + rates["best_max_num_batched_tokens"].map(
         "{:,}".format)
 
     def largest(v):
-        return "no rate" if v == 0 else f"{v:.1f}"
+        return "no rate" if v == 0 else viz.format_rate(v)
 
     both = [f"{largest(b)} / {largest(d)}"
             for b, d in zip(rates["best_max_rate_req_s"], rates["default_max_rate_req_s"])]
@@ -302,7 +306,8 @@ def headroom_table(rates: pd.DataFrame, slo_names: dict, workload_names: dict):
 
 def result_table(result):
     """A :func:`batchlab.tune` result as two rows, the pick and vLLM's default: knobs, goodput (req/s), p99s (ms,
-    the longest gap where the SLO bounds it), SLO load and whether the p99s hold. Used in chapter 9's
+    the longest gap where the SLO bounds it; goodput by :func:`batchlab.viz.format_rate`), SLO load and whether
+    the p99s hold. Used in chapter 9's
     "your own traffic", so a reader sees the answer in units rather than two dicts."""
     rows = [{"setting": who, **point} for who, point in (("tuner's pick", result.best),
                                                          ("vLLM default", result.defaults))]
@@ -310,7 +315,7 @@ def result_table(result):
     frame["knobs"] = frame["max_num_seqs"].map("{:,}".format) + " / " + frame["max_num_batched_tokens"].map(
         "{:,}".format)
     columns = {"setting": ("setting", str), "knobs": ("seqs / tokens", str),
-               "request_goodput": ("goodput (req/s)", "{:.2f}".format), "p99_ttft_ms": ("p99 TTFT", _duration),
+               "request_goodput": ("goodput (req/s)", viz.format_rate), "p99_ttft_ms": ("p99 TTFT", _duration),
                "p99_tpot_ms": ("p99 TPOT", _duration)}
     if "p99_longest_itl_ms" in frame.columns:
         columns["p99_longest_itl_ms"] = ("p99 longest gap", _duration)
@@ -325,10 +330,6 @@ def _indices(frame: pd.DataFrame, workloads, slos, loads) -> pd.DataFrame:
                         load_i=frame["load"].map({float(v): i for i, v in enumerate(loads)}))
 
 
-def _goodput_text(v: float) -> str:
-    return "" if not np.isfinite(v) else f"{v:.0f}" if v >= 10 else f"{v:.1f}" if v >= 1 else f"{v:.2f}"
-
-
 def _map_data(grid: pd.DataFrame, picks: pd.DataFrame, workloads, slos, loads) -> pd.DataFrame:
     """The chart's rows: each grid point with the indices the controls select on, and a kind (the pick only
     where some pair holds the SLO)."""
@@ -337,18 +338,19 @@ def _map_data(grid: pd.DataFrame, picks: pd.DataFrame, workloads, slos, loads) -
     data["holds_any"] = holds.loc[list(zip(data["workload"], data["slo"], data["load"]))].to_numpy()
     data["kind"] = np.select([data["best"] & data["holds_any"], data["vllm_default"], data["vllm_refuses"]],
                              MAP_KINDS, "")
-    data["goodput_text"] = np.where(data["vllm_refuses"], "", data["request_goodput"].map(_goodput_text))
     # read before the data is rounded for the page: "412 ms", "315 s", never "315,382 ms"
     for col in ("ttft", "tpot", "longest_itl"):
         data[f"{col}_text"] = [viz.format_duration(v, missing="refused") for v in data[f"p99_{col}_ms"]]
-    for col in ("p99_ttft_ms", "p99_tpot_ms", "p99_longest_itl_ms", "request_goodput"):
+    for col in ("p99_ttft_ms", "p99_tpot_ms", "p99_longest_itl_ms"):
         data[col] = data[col].astype(float).round(2)
+    # a refused pair has no goodput (not 0); the rest keep the digits the labels print (viz.rate_text)
+    data["request_goodput"] = viz.round_rate(data["request_goodput"].where(~data["vllm_refuses"]))
     data["slo_load"] = data["slo_load"].astype(float).round(3)
     data["share_within"] = data["share_within"].astype(float).round(4)
     data["held"] = np.where(data["slo_met"], "yes", "no")
     keep = ["workload_i", "slo_i", "load_i", "max_num_seqs", "max_num_batched_tokens", "request_goodput",
             "share_within", "held", "slo_met", "p99_ttft_ms", "p99_tpot_ms", "p99_longest_itl_ms", "slo_load",
-            "kind", "goodput_text", "ttft_text", "tpot_text", "longest_itl_text"]
+            "kind", "ttft_text", "tpot_text", "longest_itl_text"]
     return data[keep]
 
 
@@ -358,18 +360,20 @@ READOUT_CHARS = 44  # the longest readout line: at 400 px the map's plot area le
 def readout_label(r) -> str:
     """Three lines read above the map for one selection (a row of :func:`tuning_grid`'s picks): the pick (or that
     no setting holds the SLO there), then its goodput (or the largest of any pair) and the default's, then the
-    requests per second the default served, all in req/s and to the same two decimals (a goodput may not
-    read larger than what was served). No line is longer than :data:`READOUT_CHARS`, so none runs out of the
+    requests per second the default served, all in req/s by the book's one rule (:func:`batchlab.viz.format_rate`,
+    as the table and the map's cells print them; its rounding never makes a goodput read larger than what was
+    served). No line is longer than :data:`READOUT_CHARS`, so none runs out of the
     map at 400 px. Used in chapter 9."""
-    served = f"(vLLM default served {r.served_req_s:.2f} req/s)"
+    rate = viz.format_rate
+    served = f"(vLLM default served {rate(r.served_req_s)} req/s)"
     if not r.holds_any:
-        return (f"no setting holds the p99s at {r.rate_req_s:.1f} req/s\n"
-                f"goodput: best {r.top_goodput:.2f}, default {r.default_goodput:.2f} req/s\n{served}")
+        return (f"no setting holds the p99s at {rate(r.rate_req_s)} req/s\n"
+                f"goodput: best {rate(r.top_goodput)}, default {rate(r.default_goodput)} req/s\n{served}")
     same = r.best_max_num_seqs == r.default_max_num_seqs and \
         r.best_max_num_batched_tokens == r.default_max_num_batched_tokens
     pick = "vLLM's default itself" if same else \
         f"{r.best_max_num_seqs:,} sequences, {r.best_max_num_batched_tokens:,} tokens"
-    return f"pick: {pick}\ngoodput: pick {r.best_goodput:.2f}, default {r.default_goodput:.2f} req/s\n{served}"
+    return f"pick: {pick}\ngoodput: pick {rate(r.best_goodput)}, default {rate(r.default_goodput)} req/s\n{served}"
 
 
 def _holds_expr(picks: pd.DataFrame, workloads, slos, loads) -> str:
@@ -402,9 +406,10 @@ def goodput_map_chart(grid: pd.DataFrame, picks: pd.DataFrame, workload_names: d
 
     Returns
     -------
-    altair chart: two lines reading the selection (:func:`readout_label`) over a heatmap with the token budget
+    altair chart: three lines reading the selection (:func:`readout_label`) over a heatmap with the token budget
     across (tokens) and the sequence cap down (sequences), each cell coloured by the share of the requests
-    served that met every bound and labelled with its goodput (req/s); the pick is a black square (only where
+    served that met every bound and labelled with its goodput (req/s, :func:`batchlab.viz.rate_text`: the
+    strings :func:`picks_table` prints); the pick is a black square (only where
     some pair holds the SLO's p99s), vLLM's default a diamond, pairs vLLM refuses a cross, and cells whose p99
     latencies hold the SLO are outlined in orange. A row of radio buttons each picks the workload, the SLO
     (labelled in ms) and the load.
@@ -426,13 +431,16 @@ def goodput_map_chart(grid: pd.DataFrame, picks: pd.DataFrame, workload_names: d
                  axis=alt.Axis(labelExpr=thousands))
     tooltip = [viz.tip("max_num_seqs", "max_num_seqs (sequences)", ","),
                viz.tip("max_num_batched_tokens", "max_num_batched_tokens (tokens)", ","),
-               viz.tip("request_goodput", "goodput (req/s)", ".2f"),
+               viz.tip("goodput_tip", "goodput (req/s)", kind="N"),
                viz.tip("share_within", "requests within the SLO (share)", ".1%"),
                viz.tip("ttft_text", "p99 TTFT", kind="N"), viz.tip("tpot_text", "p99 TPOT", kind="N"),
                viz.tip("longest_itl_text", "p99 longest gap", kind="N"),
                viz.tip("slo_load", "SLO load (largest p99 / bound)", ".2f"),
                viz.tip("held", "p99s within the SLO", kind="N")]
-    base = alt.Chart(data).transform_filter(chosen).encode(x=xenc, y=yenc)
+    # each goodput by the book's rule for rates (viz.rate_text, the twin of the tables' viz.format_rate)
+    base = alt.Chart(data).transform_filter(chosen).transform_calculate(
+        goodput_text=viz.rate_text("request_goodput", missing=""),
+        goodput_tip=viz.rate_text("request_goodput", missing="refused")).encode(x=xenc, y=yenc)
     cells = base.mark_rect(stroke="white", strokeWidth=1).encode(
         color=alt.Color("share_within:Q", title="requests within the SLO",
                         scale=alt.Scale(scheme=MAP_SCHEME, domain=[0, 1]),

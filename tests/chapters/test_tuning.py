@@ -160,11 +160,20 @@ def test_tables_name_no_pick_where_none_holds(tuned):
     none = picks.assign(holds_any=False)
     html = chapter.picks_table(none, SLO_NAMES, WORKLOADS).to_html()
     assert "none holds the SLO" in html and "goodput (req/s): pick / vLLM default, of served" in html
-    assert f"– / {none['default_goodput'].iloc[0]:.1f} of {none['served_req_s'].iloc[0]:.1f}" in html  # no pick's
+    rate = viz.format_rate  # the book's one rule for rates, as on the map
+    assert f"– / {rate(none['default_goodput'].iloc[0])} of {rate(none['served_req_s'].iloc[0])}" in html  # no pick's
+    # the code scene's readings (chapter 9): below 1 req/s two significant digits, as the map's cells; zero is "0"
+    code = none.assign(default_goodput=0.049649, served_req_s=8.274874, top_goodput=0.71836)
+    assert "– / 0.050 of 8.3" in chapter.picks_table(code, SLO_NAMES, WORKLOADS).to_html()
+    assert "– / 0 of 8.3" in chapter.picks_table(code.assign(default_goodput=0.0), SLO_NAMES, WORKLOADS).to_html()
+    assert chapter.readout_label(code.iloc[0]).split("\n")[1:] == ["goodput: best 0.72, default 0.050 req/s",
+                                                                   "(vLLM default served 8.3 req/s)"]
     held = picks.assign(holds_any=True, best_max_num_seqs=1024, best_max_num_batched_tokens=8192)
     assert "1,024 / 8,192 (vLLM default)" in chapter.picks_table(held, SLO_NAMES, WORKLOADS).to_html()
     rates = none.assign(best_max_rate_req_s=0.0, default_max_rate_req_s=12.34, rate_ratio=np.nan)
     html = chapter.headroom_table(rates, SLO_NAMES, WORKLOADS).to_html()
+    assert "no rate / 0.061" in chapter.headroom_table(rates.assign(default_max_rate_req_s=0.060991), SLO_NAMES,
+                                                       WORKLOADS).to_html()
     assert "no rate / 12.3" in html and "largest rate (req/s): pick / vLLM default" in html and "(most goodput)" in html
     assert "SLO load" in chapter.picks_table(held, SLO_NAMES, WORKLOADS).to_html() and "p99 / bound" not in html
 
@@ -185,11 +194,13 @@ def test_readout_says_when_no_setting_holds(tuned):
     for text in (chapter.readout_label(same), label):
         assert all(len(line) <= chapter.READOUT_CHARS for line in text.split("\n"))  # fits a phone's column
         assert len(text.split("\n")) == 3
-        # goodput and what was served read to the same precision, so the one never reads above the other
-        numbers = " ".join(text.split("\n")[1:]).replace(" req/s", "").replace(",", " ").replace(")", "").split()
-        assert [n for n in numbers if "." in n] == [f"{v:.2f}" for v in (
-            none["top_goodput"] if text == label else same["best_goodput"], same["default_goodput"],
-            same["served_req_s"])]
+        # goodput and what was served read by the book's one rule for rates, as the table and the map print them
+        _, goodput, served = text.split("\n")
+        first = none["top_goodput"] if text == label else same["best_goodput"]
+        who = "best" if text == label else "pick"
+        assert goodput == (f"goodput: {who} {viz.format_rate(first)}, default "
+                           f"{viz.format_rate(same['default_goodput'])} req/s")
+        assert served == f"(vLLM default served {viz.format_rate(same['served_req_s'])} req/s)"
 
 
 def test_goodput_map_chart_spec(tuned):
@@ -214,7 +225,7 @@ def test_goodput_map_chart_spec(tuned):
     assert len(readout) == 4 and all("vLLM default" in d["label"] for d in readout)
     tips = [t for ts in walk(spec, "tooltip") if isinstance(ts, list) for t in ts]
     fields = {t["field"] for t in tips}
-    assert {"slo_load", "longest_itl_text", "tpot_text", "share_within", "ttft_text"} <= fields
+    assert {"slo_load", "longest_itl_text", "tpot_text", "share_within", "ttft_text", "goodput_tip"} <= fields
     assert not any(f.endswith("_ms") for f in fields)  # every duration in a tooltip by the book's one rule
     for col in ("tpot", "longest_itl"):  # read off the unrounded runs, in grid order
         assert [d[f"{col}_text"] for d in cells] == [viz.format_duration(v, missing="refused")
@@ -224,6 +235,35 @@ def test_goodput_map_chart_spec(tuned):
     assert texts == [viz.format_duration(v, missing="refused") for v in ttft]
     assert texts.count("refused") == 4 and any(t.endswith(" s") for t in texts)  # seconds from one second
     assert all(t.get("title") for t in tips)
+    # goodputs: the data holds the digits the labels print, none for a refused pair, read by the book's rule
+    shown = [np.nan if d["request_goodput"] is None else d["request_goodput"] for d in cells]
+    want = viz.round_rate(grid["request_goodput"].where(~grid["vllm_refuses"]))
+    np.testing.assert_array_equal(shown, want)
+    calcs = {c["as"]: c["calculate"] for c in walk(spec, "transform") for c in c if "calculate" in c}
+    assert calcs["goodput_text"] == viz.rate_text("request_goodput", missing="")
+    assert calcs["goodput_tip"] == viz.rate_text("request_goodput", missing="refused")
+    assert {"field": "goodput_text", "type": "nominal"}.items() <= next(
+        t for t in walk(spec, "text") if isinstance(t, dict) and t.get("field") == "goodput_text").items()
+
+
+def test_the_table_and_the_map_print_one_string_per_rate(tuned):
+    """The picks table's goodputs, the map's cell labels and its readout read each rate the same way: the
+    default's cell label (viz.rate_text on the map's data, its Python twin viz.format_rate here) is the string
+    the table and the readout print."""
+    grid, picks = tuned
+    spec = chapter.goodput_map_chart(grid, picks, WORKLOADS, SLO_NAMES, LOADS).to_dict()
+    cells = next(ds for ds in spec["datasets"].values() if "kind" in ds[0])
+    readout = {(d["slo_i"], d["load_i"]): d["label"] for ds in spec["datasets"].values() for d in ds if "label" in d}
+    html = chapter.picks_table(picks, SLO_NAMES, WORKLOADS).to_html()
+    rows = chapter._indices(picks, list(WORKLOADS), list(SLO_NAMES), list(LOADS))
+    for r in rows.itertuples(index=False):
+        (cell,) = [d for d in cells if (d["slo_i"], d["load_i"], d["max_num_seqs"], d["max_num_batched_tokens"])
+                   == (r.slo_i, r.load_i, 1024, 8192)]  # vLLM's default on this GPU
+        label = viz.format_rate(cell["request_goodput"])
+        assert label == viz.format_rate(r.default_goodput)
+        best = viz.format_rate(r.best_goodput) if r.holds_any else "–"
+        assert f"{best} / {label} of {viz.format_rate(r.served_req_s)}" in html
+        assert f"default {label} req/s" in readout[(r.slo_i, r.load_i)]
 
 
 def _pick_legends(spec):

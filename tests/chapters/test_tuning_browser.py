@@ -1,15 +1,20 @@
 """Chapter 9's goodput map in a real browser: its three radio rows select one scene, SLO and load; under the stall
 bound at 95 % of capacity the readout names the tuner's pick of the facts; on the code scene it says that no
-setting holds the SLO, and the map marks no pick and its legend names none.
+setting holds the SLO, and the map marks no pick and its legend names none; every cell's label is the goodput as
+the page's table prints it (the book's one rule for rates, batchlab.viz.format_rate).
 
 Needs the built book (``make book``, or ``scripts/build_pages.py notebooks/09_tuning`` with
 ``BATCHLAB_BOOK_HTML``) and Debian's Chromium; fixtures ``site`` and ``browser`` are in ``tests/conftest.py``.
 """
 from __future__ import annotations
 
+import re
+from collections import Counter
+
 import pytest
 
 import batchlab as bl
+from batchlab import viz
 from batchlab.chapters import facts
 from batchlab.chapters import tuning as chapter
 
@@ -58,9 +63,10 @@ def test_the_stall_bound_at_the_near_load_reads_the_pick_of_the_facts(page):
     pick, goodput, served = _readout(chart)
     seqs, tokens = facts.value("tuning_itl_pick_max_num_seqs"), facts.value("tuning_itl_pick_max_num_batched_tokens")
     assert pick == f"pick: {seqs:,} sequences, {tokens:,} tokens"
-    assert goodput == (f"goodput: pick {facts.value('tuning_itl_pick_goodput_req_s'):.2f}, default "
-                       f"{facts.value('tuning_itl_default_goodput_req_s'):.2f} req/s")
-    assert served == f"(vLLM default served {facts.value('tuning_served_req_s'):.2f} req/s)"
+    rate = viz.format_rate  # the book's one rule for rates, as the table beside the map prints them
+    assert goodput == (f"goodput: pick {rate(facts.value('tuning_itl_pick_goodput_req_s'))}, default "
+                       f"{rate(facts.value('tuning_itl_default_goodput_req_s'))} req/s")
+    assert served == f"(vLLM default served {rate(facts.value('tuning_served_req_s'))} req/s)"
     labels = chart.evaluate(_MARKS_JS)
     assert sum("tuner's pick" in x for x in labels) == 1 and sum("vLLM default" in x for x in labels) == 1
     assert "tuner's pick" in chart.evaluate(_LEGEND_JS)
@@ -80,3 +86,29 @@ def test_the_code_scene_names_no_pick(page):
         assert not any("tuner's pick" in label for label in labels) and any("vLLM default" in x for x in labels)
     _pick(page, chart, "workload_i", chapter.WORKLOADS["azure-conv-2023"])  # and back: a pick again
     assert _readout(chart)[0].startswith("pick: ") and "tuner's pick" in chart.evaluate(_LEGEND_JS)
+
+
+# The cells' labels, as drawn: texts of the map's text marks that are a number (the readout's lines are words).
+_CELL_LABELS_JS = """el => [...el.querySelectorAll('g.mark-text.role-mark text')].map(t => t.textContent)"""
+
+
+def test_every_cell_reads_its_goodput_as_the_table_does(page):
+    """On the code scene under the stall bound at 50 % of capacity (goodputs from 0 to under 1 req/s, where the
+    table and the map once printed one value as "0.0" and "0.05"), and on the conversation scene at 95 % (from 1
+    to 18.5 req/s): the drawn labels are, string for string, viz.format_rate of the grid's goodputs (refused pairs
+    unlabelled), and the default's label is the one the table and the readout print."""
+    chart = page.chart(0)
+    grid, picks = chapter.chapter_grid()
+    for workload, slo, load in (("azure-code-2023", chapter.SLOS[1], min(chapter.LOADS)),
+                                ("azure-conv-2023", chapter.SLOS[1], max(chapter.LOADS))):
+        _pick(page, chart, "workload_i", chapter.WORKLOADS[workload])
+        _pick(page, chart, "slo_i", chapter.slo_label(bl.parse_goodput(slo)))
+        _pick(page, chart, "load_i", chapter.LOADS[load])
+        at = grid[(grid["workload"] == workload) & (grid["slo"] == slo) & (grid["load"] == load)]
+        want = Counter(viz.format_rate(v) for v in at.loc[~at["vllm_refuses"], "request_goodput"])
+        drawn = Counter(t for t in chart.evaluate(_CELL_LABELS_JS) if re.fullmatch(r"[\d.,]+", t))
+        assert drawn == want, (workload, slo, load)
+        row = picks[(picks["workload"] == workload) & (picks["slo"] == slo) & (picks["load"] == load)].iloc[0]
+        assert f"default {viz.format_rate(row['default_goodput'])} req/s" in _readout(chart)[1]
+        table = page.page.locator("article table", has_text="pick / vLLM default, of served").inner_text()
+        assert f" / {viz.format_rate(row['default_goodput'])} of {viz.format_rate(row['served_req_s'])}" in table
