@@ -127,6 +127,16 @@ def mooncake_requests(speedup: float = 1.0, limit: int | None = None, path=None)
     return reqs if speedup == 1 else reqs.scale_time(speedup)
 
 
+REQUEST_FIELDS = ("arrival_s", "prompt_tokens", "output_tokens", "prefix_ids", "prefix_offsets", "prefix_block_tokens")
+
+
+def same_requests(a: Requests, b: Requests) -> bool:
+    """Whether two request streams hold the same requests, field by field (:data:`REQUEST_FIELDS`; ``Requests``
+    compares by identity). The pages' hidden cells check with it that an open cell's literals build the stream
+    the page's parameters do. Used in chapters 10 and 11."""
+    return len(a) == len(b) and all(np.array_equal(getattr(a, k), getattr(b, k)) for k in REQUEST_FIELDS)
+
+
 # -- the hit rate a pool that never evicts gives ---------------------------------------------------------------
 def cached_bound(requests: Requests, block_size: int = 16, answers_cached: bool = False) -> float:
     """Prompt tokens found cached / prompt tokens, if every block once computed stayed cached.
@@ -286,30 +296,37 @@ def _on_off(runs: pd.DataFrame, key: str) -> pd.DataFrame:
     return df.sort_values(["_k", "caching"]).drop(columns="_k")
 
 
+def duration_cell(ms: float) -> str:
+    """A table cell's duration (ms in) by the book's one rule, :func:`batchlab.viz.format_duration` ("130 ms",
+    "12.8 s"), its number and unit held together by a no-break space. Used by the tables of chapter 10."""
+    return viz.format_duration(ms).replace(" ", "\u00a0")
+
+
 def gain_table(sweep: pd.DataFrame):
     """Per workload on vLLM's pool, caching off then on: hit rate, TTFT (median, p99) and the GPU's busy share.
 
-    ``sweep`` holds one pool per workload (:func:`pool_sweep` rows with ``default_pool``). Used in chapter 10.
+    ``sweep`` holds one pool per workload (:func:`pool_sweep` rows with ``default_pool``). The TTFTs stay numbers
+    (ms) in the table's data and read by :func:`duration_cell`, the unit in each cell. Used in chapter 10.
     """
     return viz.display_table(_on_off(sweep, "workload"), {
         "workload": ("workload", "{}"), "cache": ("prefix caching", "{}"),
-        "prefix_cache_hit_rate": ("hit rate", "{:.1%}"), "median_ttft_ms": ("median TTFT (ms)", "{:,.0f}"),
-        "p99_ttft_ms": ("p99 TTFT (ms)", "{:,.0f}"), "gpu_busy_fraction": ("GPU busy", "{:.0%}")})
+        "prefix_cache_hit_rate": ("hit rate", "{:.1%}"), "median_ttft_ms": ("median TTFT", duration_cell),
+        "p99_ttft_ms": ("p99 TTFT", duration_cell), "gpu_busy_fraction": ("GPU busy", "{:.0%}")})
 
 
 def preemption_table(sweep: pd.DataFrame, workload: str, pools_gib):
     """One workload at the given pools, caching off then on: hit rate, preemptions, tokens computed again after
-    them and p99 TTFT. Used in chapter 10.
+    them and p99 TTFT (:func:`duration_cell`). Used in chapter 10.
     """
     w = sweep[(sweep["workload"] == workload) & ~sweep["default_pool"]]
     w = w[np.isin(w["pool_gib"].round(6), np.round(pools_gib, 6))]
     if w.empty:
         raise ValueError(f"the sweep has no run of {workload!r} on the pools {list(pools_gib)}")
-    df = _on_off(w.sort_values("pool_gib"), "pool_gib").assign(p99_ttft_s=lambda d: d["p99_ttft_ms"] / 1e3)
+    df = _on_off(w.sort_values("pool_gib"), "pool_gib")
     return viz.display_table(df, {
         "pool_gib": ("KV pool (GiB)", "{:,.0f}"), "cache": ("prefix caching", "{}"),
         "prefix_cache_hit_rate": ("hit rate", "{:.1%}"), "preemptions": ("preemptions", "{:,d}"),
-        "recomputed_tokens": ("tokens recomputed", "{:,d}"), "p99_ttft_s": ("p99 TTFT (s)", "{:,.1f}")})
+        "recomputed_tokens": ("tokens recomputed", "{:,d}"), "p99_ttft_ms": ("p99 TTFT", duration_cell)})
 
 
 def throughput_table(runs: pd.DataFrame):
@@ -475,10 +492,35 @@ def budget_sweep(cost, requests: Requests, max_num_batched_tokens, caching=(True
     return pd.DataFrame(rows)
 
 
+LOG_TICK_MANTISSAS = (1, 2, 3, 5)  # ticks of the budget chart's log axes: 10, 20, 30, 50, 100, ...
+
+
+def log_axis(values, room: float = 1.1) -> tuple[list[float], list[float]]:
+    """A log axis for ``values`` (> 0) whose ticks label the whole range: ``(domain, ticks)``.
+
+    The domain runs from the tick at or below the smallest value (1, 2, 3 or 5 times a power of ten), less
+    ``room``, to the largest value times ``room``; the ticks are those of that series inside it. So the lowest
+    values sit above a labelled tick, never below the last one (a line at 64-85 ms on an axis whose ticks begin
+    at 100 ms). Used by :func:`budget_chart`.
+    """
+    v = np.asarray(values, dtype=float)
+    v = v[np.isfinite(v) & (v > 0)]
+    if v.size == 0:
+        raise ValueError("log_axis needs at least one finite value above 0")
+    decades = np.arange(np.floor(np.log10(v.min())) - 1, np.ceil(np.log10(v.max())) + 1)
+    series = sorted(float(f"{m * 10.0 ** k:.12g}") for k in decades for m in LOG_TICK_MANTISSAS)
+    lowest = max(t for t in series if t <= v.min() * (1 + 1e-12))
+    domain = [lowest / room, float(v.max()) * room]
+    ticks = [int(t) if t >= 1 else t for t in series if lowest <= t <= domain[1]]
+    return domain, ticks
+
+
 def budget_chart(points: pd.DataFrame):
     """Chapter 6's trade on a loaded server, with and without the cache: the p99 inter-token latency (left) and
     the p99 time to first token (right) against the token budget, one line per caching setting. Budgets sit on
-    the x axis, so no point needs a label. Used in chapter 10."""
+    the x axis, so no point needs a label; each log axis has a labelled tick below its lowest point
+    (:func:`log_axis`), and the tooltips read the latencies by the book's duration rule
+    (:func:`batchlab.viz.duration_text`: "64.3 ms", "1.10 s"). Used in chapter 10."""
     df = points.assign(cache=np.where(points["caching"], "caching on", "caching off"))
     budgets = sorted(df["max_num_batched_tokens"].unique().tolist())
     x = alt.X("max_num_batched_tokens:Q", title="max_num_batched_tokens (tokens, log scale)",
@@ -489,14 +531,17 @@ def budget_chart(points: pd.DataFrame):
                       legend=alt.Legend(orient="bottom"))
     tips = [viz.tip("cache", "prefix caching", kind="N"),
             viz.tip("max_num_batched_tokens", "max_num_batched_tokens (tokens)", ","),
-            viz.tip("p99_itl_ms", "p99 inter-token latency (ms)", ",.1f"),
-            viz.tip("p99_ttft_ms", "p99 time to first token (ms)", ",.0f"),
+            viz.tip("p99_itl_text", "p99 inter-token latency", kind="N"),
+            viz.tip("p99_ttft_text", "p99 time to first token", kind="N"),
             viz.tip("prefix_cache_hit_rate", "prefix-cache hit rate", ".1%")]
-    base = alt.Chart(df).encode(x=x, color=color, tooltip=tips)
+    base = alt.Chart(df).transform_calculate(
+        p99_itl_text=viz.duration_text("p99_itl_ms"), p99_ttft_text=viz.duration_text("p99_ttft_ms")
+    ).encode(x=x, color=color, tooltip=tips)
 
     def panel(field: str, title: str):
-        y = alt.Y(f"{field}:Q", title=title, scale=alt.Scale(type="log", nice=False, padding=10),
-                  axis=alt.Axis(values=viz.log_ticks(df[field]), format=","))
+        domain, ticks = log_axis(df[field])
+        y = alt.Y(f"{field}:Q", title=title, scale=alt.Scale(type="log", nice=False, domain=domain),
+                  axis=alt.Axis(values=ticks, format=","))
         return base.mark_line(point=True).encode(y=y, order="max_num_batched_tokens:Q").properties(
             width=250, height=220)
 

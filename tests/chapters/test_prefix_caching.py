@@ -216,14 +216,21 @@ def test_pool_chart_opens_on_vllms_pool(small_sweep):
 
 
 def test_gain_and_other_tables(small_sweep):
-    shown = chapter.gain_table(small_sweep[small_sweep["default_pool"]]).data
-    assert shown.columns.tolist() == ["workload", "prefix caching", "hit rate", "median TTFT (ms)", "p99 TTFT (ms)",
+    styled = chapter.gain_table(small_sweep[small_sweep["default_pool"]])
+    shown = styled.data
+    assert shown.columns.tolist() == ["workload", "prefix caching", "hit rate", "median TTFT", "p99 TTFT",
                                       "GPU busy"]
+    # The TTFTs stay numbers (ms) in the data and read by the book's duration rule, the unit in each cell.
+    assert shown["p99 TTFT"].dtype.kind == "f"
+    html = styled.to_html()
+    for ms in shown["median TTFT"].tolist() + shown["p99 TTFT"].tolist():
+        assert viz.format_duration(ms).replace(" ", "\u00a0") in html
     assert shown["prefix caching"].tolist() == ["off", "on"] * 2  # each workload off, then on
     assert shown["workload"].tolist() == ["shared system prompts"] * 2 + ["multi-turn chats"] * 2
     assert (shown["hit rate"].to_numpy()[::2] == 0).all()  # off finds nothing
     shown = chapter.preemption_table(small_sweep, "multi-turn chats", [16, 32]).data
     assert shown["KV pool (GiB)"].tolist() == [16, 16, 32, 32] and "tokens recomputed" in shown
+    assert "p99 TTFT" in shown and chapter.duration_cell(1101.5) == "1.10\u00a0s"
     assert "throughput (req/s)" in chapter.throughput_table(small_sweep[small_sweep["default_pool"]]).data
     table = chapter.workload_table({"w": bl.shared_prefix(40, 2, 2, 64, 16, 4, rate_req_s=2.0, seed=0)})
     assert table.loc[0, "n_requests"] == 40 and table.loc[0, "prompt_tokens"] == 80
@@ -246,6 +253,38 @@ def test_budget_chart_spec_puts_the_budget_on_the_axis():
     assert {"p99 time to first token (ms, log scale)", "p99 inter-token latency (ms, log scale)"} <= set(
         axis_titles(spec))
     assert_tooltips_in_words(spec)
+    # The tooltips read each latency by the book's duration rule ("1.10 s", not "1,102 ms").
+    tips = {t["field"]: t for t in tooltip_fields(spec)}
+    assert {"p99_itl_text", "p99_ttft_text"} <= set(tips) and not {"p99_itl_ms", "p99_ttft_ms"} & set(tips)
+    calc = {c["as"]: c["calculate"] for c in walk(spec, "transform") for c in c if "calculate" in c}
+    assert calc["p99_ttft_text"] == viz.duration_text("p99_ttft_ms")
+    assert calc["p99_itl_text"] == viz.duration_text("p99_itl_ms")
+    # Every point lies above a labelled tick: the lowest tick is at or below the lowest value, inside the domain.
+    for p in spec["hconcat"]:
+        y = p["encoding"]["y"]
+        values = points[y["field"]]
+        (lo, hi), ticks = y["scale"]["domain"], y["axis"]["values"]
+        assert lo < min(ticks) <= values.min() and values.max() < hi and max(ticks) <= hi
+    ttft = next(p["encoding"]["y"] for p in spec["hconcat"] if p["encoding"]["y"]["field"] == "p99_ttft_ms")
+    assert ttft["axis"]["values"][0] == 50  # the caching-on line, 55-65 ms, sits above "50"
+
+
+def test_log_axis_labels_the_whole_range():
+    domain, ticks = chapter.log_axis([63.9, 72.9, 84.8, 600.5, 1101.5])
+    assert ticks == [50, 100, 200, 300, 500, 1000] and domain[0] < 50 and domain[1] > 1101.5
+    assert chapter.log_axis([10.18, 163.3])[1] == [10, 20, 30, 50, 100]  # a tick at the lowest value's own decade
+    assert chapter.log_axis([0.064, 0.3])[1] == [0.05, 0.1, 0.2, 0.3]
+    assert chapter.log_axis([9.9, 11.0])[1] == [5, 10]  # the tick below may be half a decade down
+    with pytest.raises(ValueError, match="above 0"):
+        chapter.log_axis([0.0, np.nan])
+
+
+def test_same_requests_compares_every_field():
+    a = bl.shared_prefix(40, 2, 2, 64, 16, 4, rate_req_s=2.0, seed=0)
+    assert chapter.same_requests(a, bl.shared_prefix(40, 2, 2, 64, 16, 4, rate_req_s=2.0, seed=0))
+    assert not chapter.same_requests(a, bl.shared_prefix(40, 2, 2, 64, 16, 4, rate_req_s=2.0, seed=1))  # arrivals
+    assert not chapter.same_requests(a, bl.shared_prefix(40, 2, 2, 64, 16, 5, rate_req_s=2.0, seed=0))  # outputs
+    assert not chapter.same_requests(a, bl.Requests(a.arrival_s, a.prompt_tokens, a.output_tokens))  # no prefix ids
 
 
 # -- readings of a sweep, and the facts --------------------------------------------------------------------------

@@ -66,3 +66,29 @@ def test_bars_and_points_answer_a_hover_in_words(page):
     page.page.wait_for_timeout(300)
     tip = page.page.locator("#vg-tooltip-element").inner_text()
     assert "KV pool\t\n" in tip and " GiB" in tip and "prefix-cache hit rate" in tip and "_" not in tip
+
+
+def test_budget_chart_labels_its_lowest_line_and_reads_durations(page):
+    """The budget chart's TTFT axis has a tick under the caching-on line (50 ms below its 64-85 ms), and a point's
+    tooltip reads its p99 TTFT by the book's rule ("1.10 s", never "1,102 ms")."""
+    budgets = chapter.chapter_budgets()
+    chart = page.chart(1)
+    axes = [a.locator("g.role-axis-label text").all_text_contents() for a in chart.locator("g.role-axis").all()]
+    ttft_axis = next(labels for labels in axes if "1,000" in labels)
+    lowest = budgets.loc[budgets["caching"], "p99_ttft_ms"].min()
+    shown = [float(t.replace(",", "")) for t in ttft_axis if t]
+    assert min(shown) <= lowest, (ttft_axis, lowest)  # the line sits above a labelled tick
+    off = budgets[~budgets["caching"]].set_index("max_num_batched_tokens")["p99_ttft_ms"]
+    want = viz.format_duration(off.loc[off.index.min()])  # the smallest budget without the cache: over a second
+    assert want.endswith(" s")
+    points = chart.locator("g.mark-symbol path")
+    for i in range(points.count()):
+        points.nth(i).hover(force=True)
+        page.page.wait_for_timeout(150)
+        tip = page.page.locator("#vg-tooltip-element").inner_text()
+        if want in tip:
+            break
+    else:
+        raise AssertionError(f"no point's tooltip reads {want!r}")
+    assert "p99 time to first token" in tip and " ms" in tip and "_" not in tip.replace("max_num_batched_tokens", "")
+    assert f"{off.loc[off.index.min()]:,.0f}" not in tip  # not the old "1,102"
