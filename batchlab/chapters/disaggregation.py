@@ -235,12 +235,14 @@ def transfer_table(cost, prompt_tokens=(256, 2048, 8192)) -> pd.DataFrame:
 
 
 def transfer_display(table: pd.DataFrame, network_gbit_s: float = 400.0):
-    """:func:`transfer_table` for the page (``network_gbit_s``: the network link's line rate, for its header).
-    Used in chapter 11."""
+    """:func:`transfer_table` for the page (``network_gbit_s``: the network link's line rate, for its header),
+    every time by the book's duration rule, the unit in the cell (:func:`prefix_caching.duration_cell`: "0.60 ms",
+    "213 ms"). Used in chapter 11."""
+    cell = prefix_caching.duration_cell
     return viz.display_table(table, {
         "prompt_tokens": ("prompt (tokens)", "{:,}"), "kv_mib": ("KV cache (MiB)", "{:,.0f}"),
-        "prefill_ms": ("prefill alone (ms)", "{:,.1f}"), "nvlink_ms": ("over NVLink (ms)", "{:,.2f}"),
-        "network_ms": (f"over {network_gbit_s:,.0f} Gb/s (ms)", "{:,.2f}")})
+        "prefill_ms": ("prefill alone", cell), "nvlink_ms": ("over NVLink", cell),
+        "network_ms": (f"over {network_gbit_s:,.0f} Gb/s", cell)})
 
 
 @facts.memo
@@ -264,12 +266,15 @@ def routing_table(cost, workloads: dict, n_replicas: int, routers=ROUTERS, **kno
 
 
 def routing_display(table: pd.DataFrame):
-    """:func:`routing_table` for the page. Used in chapter 11."""
+    """:func:`routing_table` for the page, the latencies by the book's duration rule with the unit in the cell
+    (:func:`prefix_caching.duration_cell`: "532 ms", "7.78 s"); they stay numbers (ms) in the table's data. Used
+    in chapter 11."""
+    cell = prefix_caching.duration_cell
     return viz.display_table(table, {
         "workload": ("workload", "{}"), "router": ("router", "{}"),
         "prefix_cache_hit_rate": ("prefix-cache hit rate", "{:.1%}"),
-        "median_ttft_ms": ("median TTFT (ms)", "{:,.0f}"), "p99_ttft_ms": ("p99 TTFT (ms)", "{:,.0f}"),
-        "p99_tpot_ms": ("p99 TPOT (ms)", "{:,.1f}"), "imbalance": ("busiest replica / mean (requests)", "{:.2f}")})
+        "median_ttft_ms": ("median TTFT", cell), "p99_ttft_ms": ("p99 TTFT", cell),
+        "p99_tpot_ms": ("p99 TPOT", cell), "imbalance": ("busiest replica / mean (requests)", "{:.2f}")})
 
 
 def winners_display(table: pd.DataFrame):

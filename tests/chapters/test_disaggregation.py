@@ -1,11 +1,18 @@
 """Chapter 11 (one engine or two kinds): the configurations, goodput read from a rate grid (interpolated where the
 SLO attainment crosses 90%), the winners table, the grid on an executor equal to the grid run here, the KV
-transfer table, the routing table, the chart's spec (workload and SLO radio buttons, the SLO labelled in ms, every
-tooltip titled in words) and the facts other pages quote."""
+transfer table, the routing table (both printing durations by the book's rule), the chart's spec (workload and SLO
+radio buttons, the SLO labelled in ms, every tooltip titled in words), the facts other pages quote, and the page's
+cluster snippet (public API only; run against a stand-in executor)."""
 from __future__ import annotations
 
+import ast
+import inspect
+import json
 import re
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+import sys
+import types
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -13,8 +20,9 @@ import pytest
 from spec_helpers import marks, walk
 
 import batchlab as bl
+from batchlab import viz
 from batchlab.chapters import disaggregation as chapter
-from batchlab.chapters import facts
+from batchlab.chapters import facts, prefix_caching
 
 
 @pytest.fixture(scope="module")
@@ -164,3 +172,90 @@ def test_facts_are_the_chapter_runs():
     assert facts.value("disagg_router_sp_ttft_factor") > 1
     assert r.loc[("shared system prompts", "prefix aware"), "prefix_cache_hit_rate"] > r.loc[
         ("shared system prompts", "round robin"), "prefix_cache_hit_rate"]
+
+
+def test_tables_print_durations_by_the_book_rule(cost):
+    """The routing and transfer tables keep their latencies as numbers (ms) and print them as the prose glues them
+    (``viz.format_duration``: "7.78 s", "532 ms"), the unit in the cell."""
+    routing = pd.DataFrame({"workload": "w", "router": ["round robin", "prefix aware"],
+                            "prefix_cache_hit_rate": [0.05, 0.08], "median_ttft_ms": [531.58, 25.754],
+                            "p99_ttft_ms": [7783.02, 167.1], "p99_tpot_ms": [208.76, 12.43], "imbalance": [1.0, 1.05]})
+    styled = chapter.routing_display(routing)
+    assert list(styled.data.columns) == ["workload", "router", "prefix-cache hit rate", "median TTFT", "p99 TTFT",
+                                         "p99 TPOT", "busiest replica / mean (requests)"]
+    assert styled.data["p99 TTFT"].dtype.kind == "f"  # numbers underneath
+    html = styled.to_html()
+    for text in ("532\u00a0ms", "25.8\u00a0ms", "7.78\u00a0s", "167\u00a0ms", "209\u00a0ms", "12.4\u00a0ms"):
+        assert text in html, text
+    assert "7,783" not in html
+    transfers = chapter.transfer_display(chapter.transfer_table(cost, (256, 8192)), network_gbit_s=400)
+    assert list(transfers.data.columns)[2:] == ["prefill alone", "over NVLink", "over 400 Gb/s"]
+    html = transfers.to_html()
+    for ms in chapter.transfer_table(cost, (256, 8192))[["nvlink_ms", "network_ms", "prefill_ms"]].to_numpy().ravel():
+        assert viz.format_duration(ms).replace(" ", "\u00a0") in html
+
+
+# -- the page's cluster snippet: public API only, every name resolving --------------------------------------------
+NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "11_disaggregation.ipynb"
+
+
+def _cluster_snippet() -> str:
+    """The python block of the page's "Running the grid on a cluster" section (markdown, not executed there)."""
+    cells = json.loads(NOTEBOOK.read_text(encoding="utf-8"))["cells"]
+    text = next("".join(c["source"]) for c in cells
+                if c["cell_type"] == "markdown" and "## Running the grid on a cluster" in "".join(c["source"]))
+    section = text.split("## Running the grid on a cluster", 1)[1]
+    return re.search(r"```python\n(.*?)```", section, flags=re.S).group(1)
+
+
+class _Recorder:
+    """An executor that records each submission (checking its arguments bind to the function) and runs nothing."""
+
+    def __init__(self):
+        self.calls = []
+
+    def submit(self, fn, *args, **kwargs):
+        inspect.signature(fn).bind(*args, **kwargs)  # a wrong or misspelt parameter fails here
+        self.calls.append((fn, args, kwargs))
+        future = Future()
+        future.set_result(types.SimpleNamespace(summary=dict))
+        return future
+
+
+def test_cluster_snippet_teaches_public_api_that_runs(monkeypatch):
+    source = _cluster_snippet()
+    tree = ast.parse(source)
+    used = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+            and n.value.id == "bl"}
+    assert used and used <= set(bl.__all__), used - set(bl.__all__)  # public names only
+    assert "chapter" not in {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    distributed = pytest.importorskip("dask.distributed")
+    assert callable(distributed.Client.get_executor)
+    # Run it with a stand-in client: every name must resolve, every call must bind.
+    recorder = _Recorder()
+    fake = types.ModuleType("dask.distributed")
+    fake.Client = lambda *a, **k: types.SimpleNamespace(get_executor=lambda: recorder)
+    monkeypatch.setitem(sys.modules, "dask.distributed", fake)
+    namespace: dict = {}
+    exec(compile(tree, "snippet", "exec"), namespace)  # noqa: S102 - the page's own code
+    assert len(recorder.calls) == len(namespace["summaries"]) == 40 * 8
+    # Its stream is the chapter's code workload; one call of each kind really runs, on 300 of its requests.
+    rate = 34.0
+    assert prefix_caching.same_requests(namespace["code_at"](rate), chapter.workload("code", 4080, rate, 0))
+    seen = {}
+    for fn, args, kwargs in recorder.calls:
+        seen.setdefault(fn, (args, kwargs))
+    assert set(seen) == {bl.simulate_fleet, bl.simulate_disaggregated}
+    for fn, (args, kwargs) in seen.items():
+        res = fn(args[0].head(300), *args[1:], **kwargs)
+        assert res.n_gpus == 8 and res.summary()["completed"] == 300
+
+
+def test_fleet_runs_go_to_a_process_pool_and_back(cost):
+    """What the snippet relies on: a fleet call ships to another process and its FleetResult comes back whole."""
+    reqs = chapter.workload("code", 300, 10.0, seed=3)
+    with ProcessPoolExecutor(1) as pool:
+        there = pool.submit(bl.simulate_disaggregated, reqs, cost, n_prefill=1, n_decode=1).result()
+    here = bl.simulate_disaggregated(reqs, cost, n_prefill=1, n_decode=1)
+    assert there.summary() == here.summary()
+    pd.testing.assert_frame_equal(there.fleet.requests, here.fleet.requests)
