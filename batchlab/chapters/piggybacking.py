@@ -23,8 +23,10 @@ from . import facts, scenes
 from .iteration_picker import (  # noqa: F401 - the picker's functions, as chapter 7 calls them
     CONTEXT_BIN, SPLIT_BARS, STEP_KINDS, busiest, iteration_apart, iteration_chart, iteration_rows, iteration_split,
     picker_frames, step_kinds)
-MIXING_POLICIES = {  # label -> (policy, knobs): three ways to combine prompts with the decodes of a batch
+MIXING_POLICIES = {  # label -> (policy, knobs): three ways to combine prompts with the decodes of a batch, and
+    # vLLM V1's chunked loop also without async scheduling, so that the mixing is compared within one loop
     "chunked: prompt chunks mixed in (vLLM V1)": ("chunked", {}),
+    "chunked, synchronous scheduling": ("chunked", {"async_scheduling": False}),
     "whole prompts mixed in (Orca)": ("continuous", {}),
     "prefill-only steps (vLLM V0)": ("continuous", {"prefill_only_steps": True}),
 }
@@ -429,9 +431,11 @@ def _at_over() -> pd.DataFrame:
     return conv_mixing([rate]).set_index("policy")
 
 
-_MIX_KEYS = {"v1": "chunked: prompt chunks mixed in (vLLM V1)", "orca": "whole prompts mixed in (Orca)",
+_MIX_KEYS = {"v1": "chunked: prompt chunks mixed in (vLLM V1)", "sync": "chunked, synchronous scheduling",
+             "orca": "whole prompts mixed in (Orca)",
              "v0": "prefill-only steps (vLLM V0)"}
 _MIX_WORDS = {"v1": "chunked prefill, prompt chunks mixed into decode steps (vLLM V1)",
+              "sync": "the same chunked prefill without async scheduling (the synchronous loop of the other two)",
               "orca": "whole prompts mixed into the decode step that admits them (Orca)",
               "v0": "prefill-only steps (vLLM V0)"}
 
