@@ -157,9 +157,14 @@ def goodput_table(grid: pd.DataFrame, n_gpus: int = 4, slos=SLOS) -> pd.DataFram
     return pd.DataFrame(rows)
 
 
+def _bound_text(ms: float) -> str:
+    """A latency bound as a reader reads it: "250 ms", "1 s", "5 s" (whole seconds from a second on)."""
+    return f"{ms / 1e3:,g} s" if ms >= 1e3 else f"{ms:,g} ms"
+
+
 def slo_label(ttft_ms: float, tpot_ms: float) -> str:
-    """An SLO as the page names it: "TTFT 250 ms, TPOT 10 ms". Used in chapter 11."""
-    return f"TTFT {ttft_ms:,.0f} ms, TPOT {tpot_ms:,.0f} ms"
+    """An SLO as the page names it: "TTFT 250 ms, TPOT 10 ms", "TTFT 1 s, TPOT 20 ms". Used in chapter 11."""
+    return f"TTFT {_bound_text(ttft_ms)}, TPOT {_bound_text(tpot_ms)}"
 
 
 def winners(table: pd.DataFrame, tolerance: float = TIE_TOLERANCE) -> pd.DataFrame:

@@ -259,3 +259,10 @@ def test_fleet_runs_go_to_a_process_pool_and_back(cost):
     here = bl.simulate_disaggregated(reqs, cost, n_prefill=1, n_decode=1)
     assert there.summary() == here.summary()
     pd.testing.assert_frame_equal(there.fleet.requests, here.fleet.requests)
+
+
+def test_slo_labels_read_bounds_in_seconds_from_a_second():
+    """The SLO radio buttons and the winners table name bounds as a reader reads them: seconds from 1,000 ms."""
+    assert [chapter.slo_label(*slo) for slo in chapter.SLOS] == [
+        "TTFT 250 ms, TPOT 10 ms", "TTFT 1 s, TPOT 20 ms", "TTFT 5 s, TPOT 50 ms"]
+    assert chapter.slo_label(1500.0, 12.5) == "TTFT 1.5 s, TPOT 12.5 ms"
