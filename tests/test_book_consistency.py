@@ -67,8 +67,9 @@ def test_the_book_was_built():
 def test_every_page_agrees_on_every_fact():
     pages = _pages()
     values = {name: facts.value(name) for name in facts.registry()}
+    texts = {name: facts.formatted(name) for name in values}
     problems = facts.check_pages({p: _glued(p) for p in pages}, {p: _markdown(p) for p in pages}, values,
-                                 _renderings())
+                                 _renderings(), texts)
     assert not problems, "pages disagree on the book's facts:\n" + "\n".join(problems)
 
 

@@ -160,8 +160,7 @@ def row_settings(row: Row) -> list[str]:
 def _shown(name: str, bare: bool) -> str:
     if name in EXTRA:
         return EXTRA[name]()
-    f = facts.get(name)
-    return format(facts.value(name), f.fmt) if bare and f.fmt else facts.rendered(name)
+    return facts.formatted(name) if bare else facts.rendered(name)
 
 
 def _number(template: str) -> str:

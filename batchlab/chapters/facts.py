@@ -47,13 +47,14 @@ class Fact(NamedTuple):
     name: str  # the glue name every page uses
     scene: str  # key of scenes.SCENES: the setting the value comes from
     unit: str  # what the number counts, as a page writes it ("req/s", "ms", "sequences"; "" for a share or text)
-    fmt: str  # the format spec pages print it with (",.1f", ".0%"; "" for text)
+    fmt: str  # the format spec pages print it with (",.1f", ".0%"; RATE: the book's rate rule; "" for text)
     chapter: str  # slug of the chapter that shows it in full (batchlab.chapters.CHAPTERS)
     text: str  # what it is, one sentence
     compute: Callable[[], object]
 
 
 _FACTS: dict[str, Fact] = {}
+RATE = "rate"  # a Fact.fmt: the book's rule for request rates (viz.format_rate: "0.061", "18.5", "1,020")
 
 
 def fact(name: str, *, scene: str, unit: str = "", fmt: str = "", chapter: str, text: str):
@@ -107,10 +108,20 @@ def value(name: str):
     return v
 
 
+def formatted(name: str) -> str:
+    """The fact's number as pages print it, without its unit: its format spec, or the rate rule (``"0.061"``)."""
+    f, v = get(name), value(name)
+    if f.fmt == RATE:
+        from .. import viz  # the rule's home, beside its Vega twin
+
+        return viz.format_rate(v)
+    return format(v, f.fmt) if f.fmt else str(v)
+
+
 def rendered(name: str) -> str:
     """The fact as pages print it: its value in its format, with its unit (``"20.8 req/s"``)."""
     f = get(name)
-    text = format(value(name), f.fmt) if f.fmt else str(value(name))
+    text = formatted(name)
     return f"{text} {f.unit}" if f.unit and not f.fmt.endswith("%") else text
 
 
@@ -124,6 +135,18 @@ def glue(glue_fn, *names: str) -> dict:
     for name in names:
         out[name] = value(name)
         glue_fn(name, out[name], display=False)
+    return out
+
+
+def glue_text(glue_fn, *names: str) -> dict:
+    """Glue each fact's :func:`formatted` text under ``<name>_text``; return the texts by fact name.
+
+    For facts whose format is no Python spec (:data:`RATE`): pages print ``{glue:text}`name_text```, so a rate
+    reads "0.061" wherever it appears, as the tables and charts print it.
+    """
+    out = {name: formatted(name) for name in names}
+    for name, text in out.items():
+        glue_fn(f"{name}_text", text, display=False)
     return out
 
 
@@ -229,7 +252,7 @@ def _distinctive(v) -> bool:
 
 
 def check_pages(glued: dict[str, dict[str, str]], markdown: dict[str, str], facts: dict[str, object],
-                renderings: dict[str, str] | None = None) -> list[str]:
+                renderings: dict[str, str] | None = None, texts: dict[str, str] | None = None) -> list[str]:
     """Every way the pages of a built book disagree about a fact, as sentences (empty: they agree).
 
     Parameters
@@ -243,11 +266,14 @@ def check_pages(glued: dict[str, dict[str, str]], markdown: dict[str, str], fact
     renderings : dict, optional
         Fact name -> how pages print it (:func:`rendered`: number and unit); these strings typed in a page's prose
         are a fact restated by hand. Only renderings whose number carries a decimal point are searched.
+    texts : dict, optional
+        Fact name -> its number as pages print it (:func:`formatted`); a page gluing ``<fact>_text``
+        (:func:`glue_text`) must glue that string.
 
     The rules: (1) a page gluing a fact's name glues the fact's value; (2) a name glued on several pages that is
     not a fact is page-local, except that no page-local name may carry a fact's value (a non-integer number or
     a string equal to it: the page computed the fact again instead of gluing it); (3) no prose types a
-    rendering of a fact.
+    rendering of a fact; (4) a fact's printed twin ``<fact>_text`` is the fact's own :func:`formatted` text.
     """
     problems = []
     wanted = {name: repr(_plain(v)) for name, v in facts.items()}
@@ -257,6 +283,11 @@ def check_pages(glued: dict[str, dict[str, str]], markdown: dict[str, str], fact
             if name in wanted:
                 if text != wanted[name]:
                     problems.append(f"{page}: glues fact {name} = {text}, but the fact is {wanted[name]}")
+                continue
+            if name.endswith("_text") and name[:-5] in (texts or {}):
+                if text != repr(texts[name[:-5]]):
+                    problems.append(f"{page}: glues {name} = {text}, but fact {name[:-5]} prints as "
+                                    f"{texts[name[:-5]]!r}")
                 continue
             num = _number(text)
             for fname, fv in distinct.items():

@@ -504,7 +504,7 @@ def _rates(workload: str, spec: str, load: float = NEAR) -> pd.Series:
     return _row(chapter_headroom(), workload, spec, load)
 
 
-@facts.fact("code_capacity_req_s", scene="code", unit="req/s", fmt=".1f", chapter="tuning",
+@facts.fact("code_capacity_req_s", scene="code", unit="req/s", fmt=facts.RATE, chapter="tuning",
             text="the capacity of the code scene: requests per second the server completes with every request "
                  "queued at time 0 and vLLM's defaults")
 def _code_capacity():
@@ -546,20 +546,20 @@ _tuning_fact("itl_pick_max_num_seqs", "sequences", ",.0f", "max_num_seqs the tun
 _tuning_fact("itl_pick_max_num_batched_tokens", "tokens", ",.0f",
              "max_num_batched_tokens the tuner picks under the stall-bound SLO",
              lambda: int(_pick(CONV, SLOS[1])["best_max_num_batched_tokens"]))
-_tuning_fact("itl_pick_goodput_req_s", "req/s", ".1f", "goodput of the tuner's pick under the stall-bound SLO",
+_tuning_fact("itl_pick_goodput_req_s", "req/s", facts.RATE, "goodput of the tuner's pick under the stall-bound SLO",
              lambda: float(_pick(CONV, SLOS[1])["best_goodput"]))
-_tuning_fact("itl_default_goodput_req_s", "req/s", ".1f", "goodput of vLLM's default under the stall-bound SLO",
+_tuning_fact("itl_default_goodput_req_s", "req/s", facts.RATE, "goodput of vLLM's default under the stall-bound SLO",
              lambda: float(_pick(CONV, SLOS[1])["default_goodput"]))
-_tuning_fact("served_req_s", "req/s", ".1f", "requests per second vLLM's default serves (its goodput's ceiling)",
+_tuning_fact("served_req_s", "req/s", facts.RATE, "requests per second vLLM's default serves (its goodput's ceiling)",
              lambda: float(_pick(CONV, SLOS[1])["served_req_s"]))
 _tuning_fact("itl_pick_p99_longest_ms", "ms", ",.0f", "p99 of each request's longest gap with the stall-bound pick",
              lambda: float(_pick(CONV, SLOS[1])["best_p99_longest_itl_ms"]))
 _tuning_fact("default_p99_longest_ms", "ms", ",.0f", "p99 of each request's longest gap with vLLM's default",
              lambda: float(_pick(CONV, SLOS[1])["default_p99_longest_itl_ms"]))
-_tuning_fact("itl_pick_max_rate_req_s", "req/s", ".1f",
+_tuning_fact("itl_pick_max_rate_req_s", "req/s", facts.RATE,
              "the largest rate the stall-bound pick sustains under that SLO (bl.max_rate)",
              lambda: float(_rates(CONV, SLOS[1])["best_max_rate_req_s"]))
-_tuning_fact("itl_default_max_rate_req_s", "req/s", ".1f",
+_tuning_fact("itl_default_max_rate_req_s", "req/s", facts.RATE,
              "the largest rate vLLM's default sustains under the stall-bound SLO (bl.max_rate)",
              lambda: float(_rates(CONV, SLOS[1])["default_max_rate_req_s"]))
 
@@ -575,7 +575,7 @@ def _usual_gain():
 def _code_fact(who: str):
     words = {"best": "the tuner's most-goodput pair", "default": "vLLM's default"}[who]
 
-    @facts.fact(f"tuning_code_{who}_max_rate_req_s", scene="code", unit="req/s", fmt=".1f", chapter="tuning",
+    @facts.fact(f"tuning_code_{who}_max_rate_req_s", scene="code", unit="req/s", fmt=facts.RATE, chapter="tuning",
                 text=f"the largest rate at which {words} holds the usual SLO's p99s on the code scene (tuned at 95% "
                      f"of its capacity; 0: no rate)")
     def _code():

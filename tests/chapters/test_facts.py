@@ -18,7 +18,9 @@ def test_every_fact_names_a_scene_a_chapter_and_a_value():
         assert f.text and not f.text.endswith("."), name  # one sentence, glued mid-prose
         v = facts.value(name)
         assert isinstance(v, (bool, int, float, str)), name
-        if f.fmt:
+        if f.fmt == facts.RATE:
+            assert isinstance(v, float) and f.unit == "req/s", name
+        elif f.fmt:
             format(v, f.fmt)  # the page's format applies
 
 
@@ -125,6 +127,23 @@ def test_a_fact_recomputed_under_a_local_name_fails():
     # integers repeat by chance, so only the non-integer fact is matched; strings that long are matched too
     problems = facts.check_pages({"a": {"mine": "'does not hold (the number)'"}}, {}, FACTS, RENDER)
     assert problems and "fact verdict_gap" in problems[0]
+
+
+def test_a_facts_printed_twin_in_another_format_fails():
+    texts = {"capacity_req_s": "20.8"}
+    ok = {"a": {"capacity_req_s_text": "'20.8'"}}
+    assert facts.check_pages(ok, {}, FACTS, RENDER, texts) == []
+    problems = facts.check_pages({"a": {"capacity_req_s_text": "'20.84'"}}, {}, FACTS, RENDER, texts)
+    assert problems == ["a: glues capacity_req_s_text = '20.84', but fact capacity_req_s prints as '20.8'"]
+
+
+def test_a_rate_fact_prints_by_the_rate_rule():
+    from batchlab import viz
+
+    name = "tuning_itl_default_max_rate_req_s"
+    assert facts.get(name).fmt == facts.RATE
+    assert facts.formatted(name) == viz.format_rate(facts.value(name))
+    assert facts.rendered(name) == viz.format_rate(facts.value(name)) + " req/s"
 
 
 def test_a_fact_typed_by_hand_fails():
