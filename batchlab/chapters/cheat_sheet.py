@@ -50,10 +50,10 @@ ROWS = (
         "(a {dynamic_timer_ms} timer), {low_e2el_orca_s} iteration-level",
         (("dynamic_batching", "dynamic-delay"),)),
     Row("the decode step barely grows with the batch: the GPU is underused", "raise max_num_seqs",
-        "more tokens per step at almost the same step time, up to the knee",
-        "pure roofline: the step stays near {weight_stream_ms} up to the knee, {knee_1024} at 1,024 tokens of "
-        "context, {knee_4096:bare} at 4,096, {ridge:bare} with none ({ridge_calibrated:bare} on the calibrated "
-        "model)",
+        "more tokens per step, each sequence for a fraction of a step, up to the knee",
+        "pure roofline: with no cache the step stays at {weight_stream_ms} up to the ridge, {ridge} "
+        "({ridge_calibrated:bare} on the calibrated model); with a cache it grows from the first sequence and has "
+        "doubled at the knee, {knee_1024} at 1,024 tokens of context, {knee_4096:bare} at 4,096",
         (("step_time_roofline", "roofline-chart"),)),
     Row("every decoding sequence stalls when a long prompt arrives", "chunked prefill: lower max_num_batched_tokens",
         "the stall shrinks; the newcomer's first token comes later",
@@ -64,8 +64,9 @@ ROWS = (
     Row("decoding stops while prompts are prefilled (prefill-only steps)",
         "mix prompt chunks into decode steps (vLLM V1's default)",
         "a far lower tail inter-token latency and a few per cent more throughput",
-        "at {rate_over_req_s}: p99 ITL {mix_v1_p99_itl_ms:bare} against {mix_v0_p99_itl_ms}; output "
-        "{mix_sync_tput:bare} against {mix_v0_tput} in one synchronous loop, {mix_v1_tput} with async scheduling",
+        "at {rate_over_req_s}, in one synchronous loop: p99 ITL {mix_sync_p99_itl_ms:bare} against "
+        "{mix_v0_p99_itl_ms}, output {mix_sync_tput:bare} against {mix_v0_tput}; with async scheduling "
+        "{mix_v1_p99_itl_ms} and {mix_v1_tput}",
         (("piggybacking", "piggyback-mixing"),)),
     Row("p99 TTFT high near capacity", "raise max_num_seqs until p99 TTFT stops improving",
         "shorter queues; past the plateau, nothing",
@@ -74,11 +75,12 @@ ROWS = (
     Row("long stalls between tokens under load, with vLLM's defaults",
         "lower max_num_batched_tokens; tune with an itl bound on the longest gap",
         "shorter iterations for everyone decoding, at the same TTFT",
-        "at {rate_near_req_s}: {knobs_pick_max_num_batched_tokens} give p99 ITL {knobs_pick_p99_itl_ms} against the "
-        "default's {knobs_default_p99_itl_ms}, p99 TTFT {knobs_pick_p99_ttft_ms} against {knobs_default_p99_ttft_ms}; "
-        "with a longest-gap bound of {tuning_itl_bound_ms}, goodput {tuning_itl_pick_goodput_req_s} against "
-        "{tuning_itl_default_goodput_req_s}",
-        (("two_knobs", "two-knobs-itl"), ("tuning", "tuning-itl"))),
+        "at {rate_near_req_s}: {knobs_pick_max_num_batched_tokens} give a p99 ITL (over all token gaps) of "
+        "{knobs_pick_p99_itl_ms} against the default's {knobs_default_p99_itl_ms}, p99 TTFT "
+        "{knobs_pick_p99_ttft_ms} against {knobs_default_p99_ttft_ms}; per request, the p99 of each one's longest "
+        "gap is {tuning_itl_pick_p99_longest_ms} against {tuning_default_p99_longest_ms}, and with that gap bound at "
+        "{tuning_itl_bound_ms}, goodput {tuning_itl_pick_goodput_req_s} against {tuning_itl_default_goodput_req_s}",
+        (("two_knobs", "two-knobs-itl"), ("tuning", "tuning-map"))),
     Row("fewer sequences run than max_num_seqs allows; preemptions",
         "KV memory (gpu_memory_utilization, an FP8 KV cache, more GPUs), not max_num_seqs",
         "more sequences fit; raising the cap does nothing",
@@ -168,6 +170,7 @@ def _number(template: str) -> str:
 
 
 _NTH = ("a second", "a third", "a fourth")
+WORDS = {("tuning", "tuning-headroom"): "its headroom table"}  # a second link that lands on a table, not a chart
 
 
 def _links(where) -> list[str]:
@@ -176,7 +179,8 @@ def _links(where) -> list[str]:
     out, seen = [], {}
     for slug, label in where:
         n = seen.get(slug, 0)
-        out.append(link(slug, label, None if n == 0 else f"{_NTH[min(n, len(_NTH)) - 1]} chart"))
+        words = WORDS.get((slug, label), f"{_NTH[min(n, len(_NTH)) - 1]} chart")
+        out.append(link(slug, label, None if n == 0 else words))
         seen[slug] = n + 1
     return out
 

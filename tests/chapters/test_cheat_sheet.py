@@ -69,7 +69,10 @@ def test_links_go_to_labels_of_existing_chapters(sheet):
     texts = [re.findall(r">([^<]+)</a>", w) for w in sheet["where"]]
     assert all(len(set(t)) == len(t) for t in texts), texts  # never "chapter 9, chapter 9"
     two = chapter.cheat_sheet([_row("tuning_usual_gain_max")])["where"].iloc[0]  # two charts of chapter 9
-    assert re.findall(r">([^<]+)</a>", two) == ["chapter 9", "a second chart"]
+    assert re.findall(r">([^<]+)</a>", two) == ["chapter 9", "its headroom table"]  # a table named as one
+    three = chapter.cheat_sheet([chapter.Row("s", "k", "e", "{ridge}", (("tuning", "tuning-map"),
+                                                                       ("tuning", "tuning-x")))])["where"].iloc[0]
+    assert re.findall(r">([^<]+)</a>", three) == ["chapter 9", "a second chart"]
     assert hrefs and all(re.fullmatch(r"\d\d_[a-z_]+\.html#[a-z0-9-]+", h) for h in hrefs)
 
 
