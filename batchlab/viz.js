@@ -53,6 +53,7 @@ window.batchlabLabelSliders = function (el, spec) {
       var i = Math.round((parseFloat(input.value) - l.min) / l.step);
       shown.textContent = l.labels[i] !== undefined ? l.labels[i] : input.value;
     };
+    input.batchlabShowValue = show;  // batchlabDisableControls puts the label back when the slider comes back
     input.addEventListener("input", show);
     input.addEventListener("change", show);
     show();
@@ -60,9 +61,11 @@ window.batchlabLabelSliders = function (el, spec) {
 };
 
 // A control that does nothing in some state is disabled there: spec.usermeta.disabledBy = {param: signal}, the
-// signal a boolean parameter of the chart whose expression says when (batchlab.viz.disable_when).
+// signal a boolean parameter of the chart whose expression says when (batchlab.viz.disable_when). While disabled,
+// a labelled slider reads spec.usermeta.disabledShown[param] (what the chart uses instead), if given.
 window.batchlabDisableControls = function (el, spec, view) {
   var by = (spec.usermeta && spec.usermeta.disabledBy) || {};
+  var instead = (spec.usermeta && spec.usermeta.disabledShown) || {};
   Object.keys(by).forEach(function (param) {
     var inputs = el.querySelectorAll('.vega-bind [name="' + param + '"]');
     var apply = function (_name, off) {
@@ -70,6 +73,9 @@ window.batchlabDisableControls = function (el, spec, view) {
         input.disabled = !!off;
         var bind = input.closest(".vega-bind");
         if (bind) { bind.classList.toggle("batchlab-disabled", !!off); }
+        var shown = input.nextElementSibling;
+        if (instead[param] === undefined || !shown || !shown.classList.contains("batchlab-slider-value")) { return; }
+        if (off) { shown.textContent = instead[param]; } else if (input.batchlabShowValue) { input.batchlabShowValue(); }
       });
     };
     view.addSignalListener(by[param], apply);

@@ -467,15 +467,19 @@ def _slider_labels(spec: dict) -> dict:
     return out
 
 
-def disable_when(chart, param: str, expr: str):
+def disable_when(chart, param: str, expr: str, shown: str | None = None):
     """``chart`` with the control bound to ``param`` disabled (greyed, not movable) while the Vega expression
     ``expr`` is true, e.g. ``disable_when(chart, "log2_tokens", "!chunking")``: a control that does nothing in some
-    state is disabled there. Returns the chart, with a parameter ``<param>_disabled`` and ``usermeta.disabledBy``
-    (read by the page's runtime, ``batchlab/viz.js``)."""
+    state is disabled there. ``shown``, if given, replaces a labelled slider's value while it is disabled (say
+    what the chart uses instead: "16,384, chunking off"), so the greyed slider never reads a setting the chart
+    does not show. Returns the chart, with a parameter ``<param>_disabled`` and ``usermeta.disabledBy`` (and
+    ``usermeta.disabledShown``), read by the page's runtime, ``batchlab/viz.js``."""
     flag = f"{param}_disabled"
     meta = chart.usermeta if isinstance(chart.usermeta, dict) else {}
-    disabled = {**meta.get("disabledBy", {}), param: flag}
-    return chart.add_params(alt.param(name=flag, expr=expr)).properties(usermeta={**meta, "disabledBy": disabled})
+    meta = {**meta, "disabledBy": {**meta.get("disabledBy", {}), param: flag}}
+    if shown is not None:
+        meta["disabledShown"] = {**meta.get("disabledShown", {}), param: str(shown)}
+    return chart.add_params(alt.param(name=flag, expr=expr)).properties(usermeta=meta)
 
 
 def grid_labels(frame: pd.DataFrame, grid: str, shown: str, fmt: str = "{:,}") -> list[str]:

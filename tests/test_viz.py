@@ -318,3 +318,6 @@ def test_disable_when_names_the_flag_the_page_reads():
     spec = chart.to_dict()
     assert spec["usermeta"] == {"disabledBy": {"log2_tokens": "log2_tokens_disabled"}}
     assert {"name": "log2_tokens_disabled", "expr": "!chunking"} in spec["params"]
+    said = viz.disable_when(alt.Chart(df).mark_point().encode(x="x:Q").add_params(on), "log2_tokens", "!chunking",
+                            shown="16,384, chunking off").to_dict()
+    assert said["usermeta"]["disabledShown"] == {"log2_tokens": "16,384, chunking off"}

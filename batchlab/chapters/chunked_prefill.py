@@ -40,7 +40,8 @@ def chunk_budget_sweep(cost, max_num_batched_tokens, *, unchunked_max_num_batche
     unchunked_max_num_batched_tokens : int
         Budget of the unchunked run; must hold the prompt and the decodes, and be at least ``max_model_len``.
     window_s : float
-        Seconds of timeline kept before the newcomer's arrival and after its first token.
+        Seconds of timeline kept before the newcomer's arrival and after the latest first token of all the runs:
+        every run's timeline spans the same interval, the one the page's shared time axis shows.
     **scene
         Passed to :func:`batchlab.chapters.scenes.run` (``n_decoders``, ``context``, ``prompt_tokens``, ...).
 
@@ -52,7 +53,8 @@ def chunk_budget_sweep(cost, max_num_batched_tokens, *, unchunked_max_num_batche
         send) and ``seen_s`` (when the engine saw it).
     timeline : DataFrame
         The decoders' gaps around the newcomer (:func:`batchlab.chapters.scenes.decoder_gaps`, time since its
-        arrival) with ``config``, ``max_num_batched_tokens`` and ``log2_tokens`` columns.
+        arrival) from ``window_s`` before its arrival to ``window_s`` after the latest TTFT of the runs, with
+        ``config``, ``max_num_batched_tokens`` and ``log2_tokens`` columns.
     """
     n = scene.get("n_decoders") or scenes.default_decoders(cost, scene.get("context", scenes.CONTEXT))
     need = scene.get("prompt_tokens", scenes.PROMPT_TOKENS) + n
@@ -64,11 +66,13 @@ def chunk_budget_sweep(cost, max_num_batched_tokens, *, unchunked_max_num_batche
                      enable_chunked_prefill=False, **scene)
     runs.append(("unchunked", int(unchunked_max_num_batched_tokens), off))
     points, lines = [], []
+    last_ttft_s = max(run.measures["ttft_s"] for _, _, run in runs)  # one end for every run's timeline
     for config, tokens, run in runs:
         # Sliders walk powers of two in log2.
         label = {"config": config, "max_num_batched_tokens": tokens, "log2_tokens": float(np.log2(tokens))}
         points.append({**label, **run.measures, "arrival_s": run.arrival_s, "seen_s": run.seen_s})
-        lines.append(scenes.decoder_gaps(run, window_s, window_s).assign(**label))
+        after_s = last_ttft_s - run.measures["ttft_s"] + window_s
+        lines.append(scenes.decoder_gaps(run, window_s, after_s).assign(**label))
     return pd.DataFrame(points), pd.concat(lines, ignore_index=True)
 
 
@@ -195,7 +199,7 @@ def chunking_chart(points: pd.DataFrame, timeline: pd.DataFrame, curve: pd.DataF
     altair chart; a slider labelled in tokens picks the budget (the parameter ``log2_tokens`` holds its log2) and
     the checkbox ``chunking`` turns chunking off, which moves the ring on the trade-off curve and redraws the
     timeline. While chunking is off the slider is disabled (:func:`batchlab.viz.disable_when`): the budget then
-    changes nothing.
+    changes nothing, and the slider reads the unchunked run's budget ("16,384, chunking off").
     """
     chunked = points[points["config"] == "chunked"]
     budget, at_budget = viz.grid_param("log2_tokens", chunked["log2_tokens"], "max_num_batched_tokens (tokens)",
@@ -228,7 +232,8 @@ def chunking_chart(points: pd.DataFrame, timeline: pd.DataFrame, curve: pd.DataF
     top = alt.layer(fit, trade.encode(order="max_num_batched_tokens:Q"), off, names, off_name, ring
                     ).properties(width=440, height=250)
     chart = alt.vconcat(top, _chunking_timeline(points, timeline, chosen)).add_params(budget, toggle)
-    return viz.disable_when(chart, "log2_tokens", "!chunking")
+    off_budget = int(points.loc[points["config"] == "unchunked", "max_num_batched_tokens"].iloc[0])
+    return viz.disable_when(chart, "log2_tokens", "!chunking", shown=_budget_label("unchunked", off_budget))
 
 
 def _chunking_timeline(points, timeline, chosen):

@@ -97,7 +97,17 @@ def test_chunking_off_is_orcas_unchunked_step(sweep, cost8b):
     assert off["seen_s"] - off["arrival_s"] == pytest.approx(cost8b.request_latency_s, abs=1e-12)
     tl = timeline[timeline["config"] == "unchunked"]
     assert tl["time_s"].is_monotonic_increasing and tl["time_s"].min() >= -0.1
-    assert tl["time_s"].max() <= off["ttft_s"] + 0.1 + 1e-9
+
+
+def test_every_timeline_spans_the_shared_axis(sweep):
+    # The page draws every run on one time axis, to 0.1 s after the latest first token (the smallest budget's):
+    # each run's gaps reach that end, not only its own TTFT + 0.1 s (chunking off once went blank after 0.3 s).
+    points, timeline = sweep
+    end = points["ttft_s"].max() + 0.1
+    for (config, tokens), tl in timeline.groupby(["config", "max_num_batched_tokens"]):
+        run = points[(points["config"] == config) & (points["max_num_batched_tokens"] == tokens)].iloc[0]
+        assert tl["time_s"].min() >= -0.1 - 1e-9 and tl["time_s"].max() <= end + 1e-9
+        assert tl["time_s"].max() > end - 2 * run["cadence_s"], (config, tokens)  # within a step of the end
 
 
 def test_sweep_validation(cost8b):
@@ -128,6 +138,9 @@ def test_chunking_chart_binds_a_budget_slider_and_a_checkbox_that_disables_it(fr
     assert params["chunking"]["bind"]["input"] == "checkbox" and params["chunking"]["value"] is True
     # chunking off, the budget changes nothing: the slider is disabled exactly then
     assert spec["usermeta"]["disabledBy"] == {"log2_tokens": "log2_tokens_disabled"}
+    points = frames[0]
+    off = int(points.loc[points["config"] == "unchunked", "max_num_batched_tokens"].iloc[0])
+    assert spec["usermeta"]["disabledShown"] == {"log2_tokens": f"{off:,}, chunking off"}  # not a chunked budget
     assert params["log2_tokens_disabled"]["expr"] == "!chunking"
     assert "title" not in spec and len(spec["vconcat"]) == 2
 

@@ -30,6 +30,12 @@ def _ttft(name: str) -> str:
     return viz.format_duration(facts.value(name))  # the book's rule: "219 ms", "1.20 s"
 
 
+def _bars_right(chart) -> float:
+    """Right edge (px) of the rightmost bar of the timeline panel: how far along its time axis the gaps run."""
+    return chart.evaluate("el => Math.max(...[...el.querySelectorAll('g.mark-rect path')]"
+                          ".map(p => p.getBoundingClientRect()).filter(b => b.height > 0).map(b => b.right))")
+
+
 def test_budget_slider_and_chunking_checkbox(page):
     chart = page.chart(0)
     slider = chart.locator(".vega-bindings input[type=range][name=log2_tokens]")
@@ -39,19 +45,23 @@ def test_budget_slider_and_chunking_checkbox(page):
     assert shown.inner_text() == "2,048"
     assert _first_token(chart) == f"first token after {_ttft('chunk_2048_ttft_ms')}"
 
+    redrawn(page, chart, lambda: set_range(slider, 8))  # 2^8: 256 tokens, the latest first token
+    full = _bars_right(chart)  # the time axis ends 0.1 s after it
     redrawn(page, chart, lambda: set_range(slider, 9))  # 2^9: 512 tokens
     assert shown.inner_text() == "512"
     assert _first_token(chart) == f"first token after {_ttft('chunk_512_ttft_ms')}"
 
     redrawn(page, chart, box.click)  # chunking off: the budget changes nothing, so the slider is disabled
     assert not box.is_checked() and slider.is_disabled()
+    assert shown.inner_text() == "16,384, chunking off"  # the budget the chart now shows, not the slider's 512
     assert _first_token(chart) == f"first token after {_ttft('chunk_off_ttft_ms')}"
+    assert _bars_right(chart) > full - 10  # the gaps run to the axis' end, not 0.1 s past this run's TTFT
     off = chart.locator("svg").first.inner_html()
     assert slider.locator("xpath=ancestor::*[contains(@class, 'vega-bind')][1]").get_attribute("class").count(
         "batchlab-disabled") == 1  # greyed out
 
     redrawn(page, chart, box.click)  # chunking on again: the slider is live and its budget is shown again
-    assert box.is_checked() and slider.is_enabled()
+    assert box.is_checked() and slider.is_enabled() and shown.inner_text() == "512"
     assert _first_token(chart) == f"first token after {_ttft('chunk_512_ttft_ms')}"
     assert chart.locator("svg").first.inner_html() != off
     redrawn(page, chart, lambda: set_range(slider, 11))
