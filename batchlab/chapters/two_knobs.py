@@ -35,8 +35,9 @@ SAME_THROUGHPUT = 0.01  # throughputs (and p99 ITLs) within 1% count as equal
 PLATEAU = 0.05  # a p99 TTFT within 5% of another counts as as good
 CONV_LOADS = {"light": 0.5, "moderate": 0.8, "near": 0.95, "over": 1.2}  # the conv scene's rates, x capacity
 
-TWO_KNOB_KINDS = ("accepted", "refused by vLLM", "vLLM serve default", "vLLM offline default")
-TWO_KNOB_SHAPES = ("circle", "cross", "diamond", "square")
+TWO_KNOB_KINDS = ("accepted", "refused by vLLM", "vLLM serve default", "vLLM offline default",
+                  "pick: lowest p99 ITL at the default's p99 TTFT")
+TWO_KNOB_SHAPES = ("circle", "cross", "diamond", "square", "triangle-up")
 HIGHLIGHT = viz.PALETTE[2]  # green: the point the sliders pick, and the trail of the pairs picked before
 # Loads, low to high: blue, orange, reddish purple, black; no two of one hue (sky blue beside blue, vermillion
 # beside orange read as pairs) and no green, that is the highlight.
@@ -293,7 +294,37 @@ def _knob_points(df, defaults, offline_tokens, x, y, y2):
         kind=TWO_KNOB_KINDS[2])]
     if offline_tokens is not None:
         marks.append(data[at_seqs & (data["max_num_batched_tokens"] == offline_tokens)].assign(kind=TWO_KNOB_KINDS[3]))
+    if all(c in df.columns for c in (x, y, y2)) and (~df["vllm_refuses"]).any():
+        # The pick of default_vs_pick at each rate (the page's table): its pair, marked at its rate only.
+        picks = default_vs_pick(df, defaults, x=x, ttft=y, itl=y2, also=())
+        key = pd.MultiIndex.from_frame(picks[["rate_req_s", "pick_max_num_seqs", "pick_max_num_batched_tokens"]])
+        at_pick = pd.MultiIndex.from_frame(data[["rate_req_s", "max_num_seqs", "max_num_batched_tokens"]]).isin(key)
+        marks.append(data[at_pick].assign(kind=TWO_KNOB_KINDS[4]))
     return data, pd.concat(marks, ignore_index=True)
+
+
+def _tick_below(v: float) -> float:
+    """The largest 1, 2 or 5 times a power of ten at most ``v`` (> 0): where a log axis starts on a label."""
+    k = np.floor(np.log10(v))
+    return float(max(m * 10.0 ** k for m in (1, 2, 5) if m * 10.0 ** k <= v * (1 + 1e-9)))
+
+
+def _tick_above(v: float) -> float:
+    """The smallest 1, 2 or 5 times a power of ten at least ``v`` (> 0): where a log axis ends on a label."""
+    k = np.floor(np.log10(v))
+    return float(min(m * 10.0 ** k for m in (1, 2, 5, 10) if m * 10.0 ** k >= v * (1 - 1e-9)))
+
+
+def _log_domain(data, marks, col: str, every: int) -> tuple[dict, dict]:
+    """Per shown rate (its index, then every load), the latency axis' ends on labelled ticks around the runs
+    shown, as Vega expressions on ``rate_i`` for ``domainMin`` and ``domainMax``: no run sits above the last
+    label (a p99 ITL of 160 ms on an axis labelled to 100 ms)."""
+    shown = pd.concat([data.loc[~data["vllm_refuses"], ["rate_i", col]], marks[["rate_i", col]]])
+    shown = shown[shown[col] > 0]
+    groups = [shown[shown["rate_i"] == i][col] for i in range(every)] + [shown[col]]
+    lo = [_tick_below(float(g.min())) if len(g) else 1.0 for g in groups]
+    hi = [_tick_above(float(g.max())) if len(g) else 10.0 for g in groups]
+    return {"expr": f"{lo!r}[rate_i]"}, {"expr": f"{hi!r}[rate_i]"}
 
 
 def _knob_param(data, name: str, column: str, label: str, default: int):
@@ -335,7 +366,9 @@ def two_knobs_chart(df: pd.DataFrame, defaults: dict, offline_tokens: int | None
     pair at the selected rate (or at each rate), durations in ms below a second and in s from there
     (:func:`batchlab.viz.duration_text`); every pair picked before stays as a faded green ring (the selection
     ``visited``; clicking a run adds or removes it). The grid at the bottom shows every pair at the selected
-    rate(s): black where it is on the frontier, a cross where vLLM refuses it.
+    rate(s): black where it is on the frontier, a cross where vLLM refuses it; a triangle marks the pick of
+    :func:`default_vs_pick` at each rate (the lowest p99 ITL at as good a p99 TTFT as the default), in every
+    panel. Each latency axis starts and ends on a labelled tick around the runs shown.
     """
     data, marks = _knob_points(df, defaults, offline_tokens, x, y, y2)
     rates = np.sort(data["rate_req_s"].unique())
@@ -389,8 +422,9 @@ def _trail_push():
 def _panel(data, marks, col, height, frontier, *, xenc, shape, tooltip, at_rate, chosen, trail, calc, every, rates):
     """One latency against throughput: the shown rate's runs (or every rate's), the frontier, the defaults, the
     trail, the chosen run. The log axis fits the runs shown, labelled in ms and s."""
+    low, high = _log_domain(data, marks, col, every)
     yenc = alt.Y(f"{col}:Q", title=f"{viz.title(col).split(' (')[0]} (log scale)",
-                 scale=alt.Scale(type="log", nice=False, padding=PANEL_PADDING_PX),
+                 scale=alt.Scale(type="log", nice=False, padding=PANEL_PADDING_PX, domainMin=low, domainMax=high),
                  axis=alt.Axis(labelExpr=DURATION_LABEL))
     base = alt.Chart(data).transform_filter("!datum.vllm_refuses").transform_filter(at_rate).transform_calculate(
         **calc).encode(x=xenc, y=yenc)  # refused pairs were never run: no operating point

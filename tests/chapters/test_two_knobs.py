@@ -275,11 +275,36 @@ def test_two_knobs_chart_data(df):
     assert len(points) == len(df)  # the whole grid is in the page
     assert [row["kind"] for row in points].count("refused by vLLM") == int(df["vllm_refuses"].sum()) == 2
     marks = [d for d in datasets if d is not points][0]
-    assert sorted(row["kind"] for row in marks) == ["vLLM offline default"] * 2 + ["vLLM serve default"] * 2
+    pick_kind = chapter.TWO_KNOB_KINDS[4]
+    assert sorted(row["kind"] for row in marks if row["kind"] != pick_kind) == \
+        ["vLLM offline default"] * 2 + ["vLLM serve default"] * 2
+    # the pick of the page's table, one per rate, at its own rate
+    picks = chapter.default_vs_pick(df, DEFAULTS)
+    marked = sorted((r["rate_req_s"], r["max_num_seqs"], r["max_num_batched_tokens"]) for r in marks
+                    if r["kind"] == pick_kind)
+    assert marked == sorted(zip(picks["rate_req_s"], picks["pick_max_num_seqs"], picks["pick_max_num_batched_tokens"]))
     assert {row["seqs_i"] for row in points} == {0, 1, 2} and {row["rate_i"] for row in points} == {0, 1}
     assert {(r["seqs_i"], r["max_num_seqs"]) for r in points} == {(0, 1024), (1, 2048), (2, 4096)}
     without = chapter.two_knobs_chart(df, DEFAULTS).to_dict()
-    assert sum(len(d) for d in without["datasets"].values()) == len(df) + 2  # serve default only, per rate
+    assert sum(len(d) for d in without["datasets"].values()) == len(df) + 2 + 2  # serve default and pick, per rate
+
+
+def test_latency_axes_end_on_labelled_ticks_around_the_shown_runs(df):
+    spec = chapter.two_knobs_chart(df, DEFAULTS).to_dict()
+    _, top, bottom, _ = spec["vconcat"]
+    rates = np.sort(df["rate_req_s"].unique())
+    for panel, col in ((top, "p99_ttft_ms"), (bottom, "p99_itl_ms")):
+        scale = panel["layer"][0]["encoding"]["y"]["scale"]
+        lo = eval(scale["domainMin"]["expr"].split("[rate_i]")[0])  # one end per rate, then every load
+        hi = eval(scale["domainMax"]["expr"].split("[rate_i]")[0])
+        ran = df[~df["vllm_refuses"]]
+        groups = [ran.loc[ran["rate_req_s"] == r, col] for r in rates] + [ran[col]]
+        assert len(lo) == len(hi) == len(rates) + 1
+        for a, b, g in zip(lo, hi, groups):
+            assert a <= g.min() * (1 + 1e-6) and b >= g.max() * (1 - 1e-3) and b < 2.5 * g.max()
+            for end in (a, b):
+                mantissa = end / 10 ** np.floor(np.log10(end) + 1e-9)
+                assert min(abs(mantissa - m) for m in (1, 2, 5)) < 1e-9, end  # a tick the axis labels
 
 
 def test_tables_read_in_units():
