@@ -28,7 +28,7 @@ from .validation_e2e import (  # noqa: F401 - the whole-server part of the chapt
     kernel_time_text, time_axis, time_label,
     ablation_table, book_setup, book_setup_replay, closest_runs, e2e_error_table, e2e_headline, e2e_parity_chart,
     e2e_parity_frame, prefill_share_needed, run_text, setup_error_table, setup_frame, setup_headline, setup_table,
-    within_sentence)
+    ttft_misses, overloaded_names, within_sentence)
 
 # What each measured set is, as the page names it (the code names stay the keys of data/calibration_errors.csv).
 SET_NAMES = {

@@ -216,7 +216,10 @@ def test_e2e_headline_and_parity_frame_read_the_replay():
     overall = errors[errors["set"] == "all"].set_index("metric")
     for metric in ("ttft", "tpot", "e2e"):
         assert head[f"e2e_med_{metric}"] == overall.loc[metric, "median_abs_error"]
-    assert head["e2e_runs"] == overall.loc["ttft", "runs"] and head["e2e_open"] + head["e2e_overloaded"] >= 0
+    assert head["e2e_runs"] == overall.loc["ttft", "runs"]
+    per_run = e2e.drop_duplicates("run_id")  # every run is counted once: scored, or named as overloaded
+    assert head["e2e_measured"] == len(per_run) == head["e2e_runs"] + head["e2e_overloaded"]
+    assert head["e2e_open"] + head["e2e_closed"] == head["e2e_measured"]
     frame = chapter.e2e_parity_frame(e2e, band=0.15)
     lines = frame[frame["kind"] != "run"]
     assert len(lines) == 3 * 3 * 2  # y = x and the two band lines, two points each, per metric panel
@@ -424,6 +427,25 @@ def test_setup_error_table_reads_durations_by_the_book_rule(closest):
     assert errors["predicted, as served"].tolist() == [viz.format_duration(v) for v in frame["predicted_ms"]]
     assert any(t.endswith(" ms") for t in want) and any(t.endswith(" s") for t in want)
     assert not any("," in t.split(" ")[0] and t.endswith(" ms") for t in want)  # never "9,999.0 ms"
+
+
+def test_overloaded_runs_are_named_as_a_reader_reads_them():
+    runs = bl.validate.calibration_runs()
+    late = runs[runs["run_id"].str.contains("reasoning")].assign(status="overloaded")
+    assert chapter.overloaded_names(late) == \
+        "the 4 req/s stages of Llama-2-7B, Llama-2-70B and CodeLlama-34B's reasoning runs"
+    mixed = pd.concat([late.iloc[:1], runs[runs["set"] == "aiconfigurator"].iloc[:1].assign(status="overloaded")])
+    named = chapter.overloaded_names(mixed)  # rates or sets differ: each run in words
+    assert named == " and ".join(chapter.run_text(r) for _, r in mixed.iterrows())
+    assert chapter.overloaded_names(late.assign(status="ok")) == "none"
+
+
+def test_ttft_misses_names_each_subset_over_the_target():
+    head = {"e2e_ip_ttft": 0.034, "e2e_ac_ttft": 0.155, "e2e_ttft_70b": 0.12, "e2e_ttft_qwen": 0.367}
+    assert chapter.ttft_misses(head, 0.15) == \
+        "; by set and model, TTFT misses it on the closed-loop sweeps (15.5%) and on Qwen3-32B (36.7%)"
+    assert chapter.ttft_misses({**head, "e2e_ac_ttft": 0.15, "e2e_ttft_qwen": 0.1}, 0.15) == \
+        "; no set or model misses it on TTFT"
 
 
 def test_within_sentence_follows_the_numbers():
