@@ -79,6 +79,16 @@ def workload(name: str, n_requests: int, rate_req_s: float, seed=0) -> bl.Reques
                        lengths.output_tokens)
 
 
+N_LENGTHS = 5000  # requests drawn per workload to state its mean lengths (chapter 11, and chapter 9 beside its own)
+
+
+def mean_lengths(name: str, seed=0, n_requests: int = N_LENGTHS) -> tuple[float, float]:
+    """Mean prompt and output tokens of ``n_requests`` of a chapter workload (:func:`workload`) at ``seed``: the
+    lengths chapter 11 states; chapter 9 sets them beside its own 3,000-request draw of the same code trace."""
+    lengths = workload(name, n_requests, 1.0, seed)
+    return float(lengths.prompt_tokens.mean()), float(lengths.output_tokens.mean())
+
+
 def run(cost, requests, config: dict, n_gpus: int, **knobs):
     """One configuration of :func:`configs` on ``requests``: a :class:`batchlab.FleetResult`."""
     merged = {"max_model_len": 8192, **config["knobs"], **knobs}

@@ -347,10 +347,15 @@ def _map_data(grid: pd.DataFrame, picks: pd.DataFrame, workloads, slos, loads) -
     data["request_goodput"] = viz.round_rate(data["request_goodput"].where(~data["vllm_refuses"]))
     data["slo_load"] = data["slo_load"].astype(float).round(3)
     data["share_within"] = data["share_within"].astype(float).round(4)
-    data["held"] = np.where(data["slo_met"], "yes", "no")
+    data["held"] = np.select([data["vllm_refuses"], data["slo_met"].astype(bool)], ["refused", "yes"], "no")
+    # the tooltip's share and SLO load in words: "refused" for a pair vLLM refuses, never "null"
+    data["share_text"] = [("refused" if off else f"{v:.1%}") for v, off in zip(data["share_within"],
+                                                                          data["vllm_refuses"])]
+    data["slo_load_text"] = [("refused" if off else f"{v:.2f}") for v, off in zip(data["slo_load"],
+                                                                             data["vllm_refuses"])]
     keep = ["workload_i", "slo_i", "load_i", "max_num_seqs", "max_num_batched_tokens", "request_goodput",
             "share_within", "held", "slo_met", "p99_ttft_ms", "p99_tpot_ms", "p99_longest_itl_ms", "slo_load",
-            "kind", "ttft_text", "tpot_text", "longest_itl_text"]
+            "kind", "ttft_text", "tpot_text", "longest_itl_text", "share_text", "slo_load_text"]
     return data[keep]
 
 
@@ -432,10 +437,10 @@ def goodput_map_chart(grid: pd.DataFrame, picks: pd.DataFrame, workload_names: d
     tooltip = [viz.tip("max_num_seqs", "max_num_seqs (sequences)", ","),
                viz.tip("max_num_batched_tokens", "max_num_batched_tokens (tokens)", ","),
                viz.tip("goodput_tip", "goodput (req/s)", kind="N"),
-               viz.tip("share_within", "requests within the SLO (share)", ".1%"),
+               viz.tip("share_text", "requests within the SLO (share)", kind="N"),
                viz.tip("ttft_text", "p99 TTFT", kind="N"), viz.tip("tpot_text", "p99 TPOT", kind="N"),
                viz.tip("longest_itl_text", "p99 longest gap", kind="N"),
-               viz.tip("slo_load", "SLO load (largest p99 / bound)", ".2f"),
+               viz.tip("slo_load_text", "SLO load (largest p99 / bound)", kind="N"),
                viz.tip("held", "p99s within the SLO", kind="N")]
     # each goodput by the book's rule for rates (viz.rate_text, the twin of the tables' viz.format_rate)
     base = alt.Chart(data).transform_filter(chosen).transform_calculate(

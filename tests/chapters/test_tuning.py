@@ -225,7 +225,16 @@ def test_goodput_map_chart_spec(tuned):
     assert len(readout) == 4 and all("vLLM default" in d["label"] for d in readout)
     tips = [t for ts in walk(spec, "tooltip") if isinstance(ts, list) for t in ts]
     fields = {t["field"] for t in tips}
-    assert {"slo_load", "longest_itl_text", "tpot_text", "share_within", "ttft_text", "goodput_tip"} <= fields
+    assert {"slo_load_text", "longest_itl_text", "tpot_text", "share_text", "ttft_text", "goodput_tip"} <= fields
+    # a refused pair's tooltip says so in every field (a numeric field with no value reads "null")
+    refused = [d for d in cells if d["kind"] == "refused by vLLM"]
+    for d in refused:
+        shown_ = {t["field"]: d[t["field"]] for t in tips if t["field"] not in ("max_num_seqs",
+                                                                              "max_num_batched_tokens", "goodput_tip")}
+        assert len(shown_) == 6 and set(shown_.values()) == {"refused"}, shown_
+    ran = [d for d in cells if d["kind"] != "refused by vLLM"]
+    assert [d["share_text"] for d in ran] == [f"{d['share_within']:.1%}" for d in ran]
+    assert [d["slo_load_text"] for d in ran] == [f"{d['slo_load']:.2f}" for d in ran]
     assert not any(f.endswith("_ms") for f in fields)  # every duration in a tooltip by the book's one rule
     for col in ("tpot", "longest_itl"):  # read off the unrounded runs, in grid order
         assert [d[f"{col}_text"] for d in cells] == [viz.format_duration(v, missing="refused")
