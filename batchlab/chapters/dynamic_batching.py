@@ -327,11 +327,12 @@ def delay_load_chart(runs: pd.DataFrame, rules: pd.DataFrame, delay_ms: float = 
     scales = _policy_scales(long["policy"])
     on_metric = f"datum.metric == {metric.name}"
     shown = f"{on_metric} && (datum.policy != 'dynamic' || {at_delay})"
-    tips = [viz.tip("policy", "policy", kind="N"), viz.tip("rate_req_s", "offered load (req/s)", ",.2f"),
+    tips = [viz.tip("policy", "policy", kind="N"), viz.tip("rate_text", "offered load (req/s)", kind="N"),
             viz.tip("load", "share of capacity (%)", ".1%"), viz.tip("timer_text", "max queue delay", kind="N"),
             viz.tip("latency_text", "latency", kind="N")]
     base = alt.Chart(long).transform_filter(shown).transform_calculate(
-        latency_text=viz.duration_text("latency_s", unit="s"), timer_text=TIMER_TEXT)
+        latency_text=viz.duration_text("latency_s", unit="s"), timer_text=TIMER_TEXT,
+        rate_text=viz.rate_text("rate_req_s"))  # as the readout and the tables print a rate: "18.8"
     x = alt.X("rate_req_s:Q", title="offered load (req/s)", scale=alt.Scale(type="log", nice=False, domain=[
         0.8 * float(long["rate_req_s"].min()), 1.25 * max(float(long["rate_req_s"].max()), rules["rate_req_s"].max())]),
         axis=alt.Axis(values=_ticks125(long["rate_req_s"]), format="~g"))

@@ -148,10 +148,11 @@ def tradeoff_chart(trade: pd.DataFrame, width: int = 420, height: int = 260):
     y = alt.Y("itl_max_ms:Q", title="tallest decoder gap (ms)", scale=alt.Scale(domain=[0, top], nice=True),
               axis=thousands)
     base = alt.Chart(ms[["max_num_batched_tokens", "log2_tokens", "ttft_ms", "itl_max_ms", "chunks"]]).encode(x=x, y=y)
-    tooltip = [viz.tip("max_num_batched_tokens", fmt=","),
+    # durations as the readout and the prose print them (viz.duration_text: "27.3 ms", "568 ms")
+    tooltip = [viz.tip("max_num_batched_tokens", "max_num_batched_tokens (tokens)", fmt=","),
                viz.tip("chunks", "iterations that compute the prompt", ","),
-               viz.tip("ttft_ms", "newcomer's TTFT (ms)", ",.0f"),
-               viz.tip("itl_max_ms", "tallest decoder gap (ms)", ",.0f")]
+               viz.tip("ttft_text", "newcomer's TTFT", kind="N"),
+               viz.tip("gap_text", "tallest decoder gap", kind="N")]
     cadence = alt.Chart(pd.DataFrame({"itl_max_ms": [float(trade["cadence_s"].median() * 1e3)],
                                       "text": ["decode cadence before the prompt arrived"]}))
     picked = base.transform_filter(at).transform_calculate(label=(  # two lines: room beside the top-left point
@@ -159,7 +160,8 @@ def tradeoff_chart(trade: pd.DataFrame, width: int = 420, height: int = 260):
         " + (datum.chunks == 1 ? ' chunk' : ' chunks') + '\\nTTFT ' + (" + viz.duration_text("ttft_ms") + ") + ', gap '"
         " + (" + viz.duration_text("itl_max_ms") + ")"))
     return alt.layer(
-        base.mark_line(point=True, color=viz.PALETTE[0]).encode(order="max_num_batched_tokens:Q", tooltip=tooltip),
+        base.transform_calculate(ttft_text=viz.duration_text("ttft_ms"), gap_text=viz.duration_text("itl_max_ms"))
+        .mark_line(point=True, color=viz.PALETTE[0]).encode(order="max_num_batched_tokens:Q", tooltip=tooltip),
         # Every budget but the chosen one labels its point: the chosen one's ring would cross its label, and the
         # bold readout names it.
         base.transform_filter(f"!({at})").mark_text(align="left", dx=7, dy=-7, color="#555555").encode(

@@ -195,7 +195,7 @@ def padding_chart(summary: pd.DataFrame, batches: pd.DataFrame | None = None, cv
         color=alt.Color("kind:N", title=None, scale=kinds, legend=alt.Legend(orient="top")),
         tooltip=[viz.tip("row", "row (1 = shortest output)", kind="O"),
                  viz.tip("kind", "part: generated / padding", kind="N"),
-                 viz.tip("tokens", "decode steps", ",.0f"), viz.tip(cv, "output-length CV", ".2f")],
+                 viz.tip("tokens", "decode tokens (one per step)", ",.0f"), viz.tip(cv, "output-length CV", ".2f")],
     ).transform_filter(at_cv).properties(width=190, height=240)
     return alt.hconcat(curves, rows).resolve_scale(color="independent").add_params(param)
 

@@ -122,9 +122,11 @@ def test_tradeoff_chart_spec():
     assert line["x"]["axis"]["format"] == line["y"]["axis"]["format"] == ",.0f"  # thousands separators
     assert line["y"]["scale"]["domain"][1] > 65.0  # room above the tallest point for its label
     tips = line["tooltip"]
-    assert [t["field"] for t in tips] == ["max_num_batched_tokens", "chunks", "ttft_ms", "itl_max_ms"]
+    assert [t["field"] for t in tips] == ["max_num_batched_tokens", "chunks", "ttft_text", "gap_text"]
     assert all(t["title"] and "_" not in t["title"].replace("max_num_batched_tokens", "") for t in tips)  # words
-    assert all("(ms)" in t["title"] for t in tips if t["field"].endswith("_ms"))  # with units
+    # durations by the book's one rule, as the readout prints them ("27.3 ms", not a tooltip's "27")
+    calcs = {c["as"]: c["calculate"] for c in spec["layer"][0]["transform"]}
+    assert calcs == {"ttft_text": viz.duration_text("ttft_ms"), "gap_text": viz.duration_text("itl_max_ms")}
     points = spec["datasets"][spec["layer"][0]["data"]["name"]]
     assert [p["ttft_ms"] for p in points] == pytest.approx([670.0, 400.0, 300.0])  # seconds in, shown in ms
     assert [p["itl_max_ms"] for p in points] == pytest.approx([30.0, 41.0, 65.0])
