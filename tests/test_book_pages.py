@@ -120,6 +120,22 @@ def test_every_link_to_an_anchor_finds_it():
     assert not broken, sorted(set(broken))[:20]
 
 
+CHART_LABELS = {"notebooks/05_prefill_spike.html": "spike-chart",
+                "notebooks/06_chunked_prefill.html": "chunking-hyperbola"}  # labels links use to show a chart
+
+
+@pytest.mark.parametrize("page, label", sorted(CHART_LABELS.items()))
+def test_a_link_to_a_chart_lands_on_the_chart(page, label):
+    """The cheat sheet and the intro link these labels to show a chart: the label stands right before it, so the
+    reader lands on the chart, not on a section heading with the chart a screen further down."""
+    text = (HTML / page).read_text(encoding="utf-8")
+    at = text.index(f'id="{label}"')
+    chart = text.find('class="batchlab-chart"', at)
+    assert chart > at, f"no chart after #{label}"
+    between = text[at:chart]
+    assert not re.search(r"<h[1-6]\b", between) and "<p>" not in between, f"#{label} is not right before a chart"
+
+
 def test_chapters_cite_the_references_they_use():
     """Every work on the references page is linked from at least one page of the book, and every link to the
     references page names one of its entries."""

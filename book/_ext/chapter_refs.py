@@ -40,7 +40,10 @@ def chapter_role(name, rawtext, text, lineno, inliner, options=None, content=Non
 
 def _resolve(app, doctree, fromdocname) -> None:
     env = app.env
-    labels = env.get_domain("std").labels
+    std = env.get_domain("std")
+    # A label on a section has a title (``labels``); one before a chart, a table or a paragraph has none
+    # (``anonlabels``) and is linked the same way: the reader lands on the chart itself, not on its section.
+    labels = {**std.anonlabels, **{k: v[:2] for k, v in std.labels.items()}}
     for node in list(doctree.findall(chapter_ref)):
         target, anchor, template = node["reftarget"], node["anchor"], node["template"]
         number = env.toc_secnumbers.get(target, {}).get("")
