@@ -382,7 +382,8 @@ def _delay_panel(long: pd.DataFrame, marks: pd.DataFrame, on_metric: str, at_loa
     y = alt.Y("latency_s:Q", title="latency (s)", scale=alt.Scale(zero=True),
               axis=alt.Axis(format=",~f", labelFlush=True, **Y_EXTENT))
     dyn = alt.Chart(long).transform_filter(f"{on_metric} && {at_load} && datum.policy == 'dynamic'")
-    dyn = dyn.transform_calculate(latency_text=viz.duration_text("latency_s", unit="s"), timer_text=TIMER_TEXT)
+    dyn = dyn.transform_calculate(latency_text=viz.duration_text("latency_s", unit="s"), timer_text=TIMER_TEXT,
+                                  rate_text=viz.rate_text("rate_req_s"))  # the fields of the shared tooltip
     here = alt.Chart(marks).transform_filter(f"{on_metric} && {at_load}").transform_calculate(
         latency_text=viz.duration_text("latency_s", unit="s"))
     color = scales["color"]

@@ -236,6 +236,14 @@ def test_delay_load_chart(loads):
     timer = [t for t in tips if t["title"] == "max queue delay"]
     assert timer and all(t["field"] == "timer_text" for t in timer)
     assert {"calculate": chapter.TIMER_TEXT, "as": "timer_text"} in load_panel["layer"][1]["transform"]
+    # every text a tooltip shows is calculated in that layer (else the page reads "undefined")
+    for layer in (*load_panel["layer"], *delay_panel["layer"]):
+        made = {c["as"] for c in layer.get("transform", []) if "calculate" in c}
+        shown = {t["field"] for t in layer.get("encoding", {}).get("tooltip", []) if t["field"].endswith("_text")}
+        assert shown <= made, shown - made
+    rates = [t for t in tips if t["title"] == "offered load (req/s)"]
+    assert rates and all(t["field"] == "rate_text" for t in rates)  # "18.8", as the readout prints it
+    assert {"calculate": viz.rate_text("rate_req_s"), "as": "rate_text"} in load_panel["layer"][1]["transform"]
     # The load panel's lines are named by the legend (no text among its lines); its y axes never change width.
     texts = [layer for layer in load_panel["layer"] if layer.get("mark", {}).get("type") == "text"]
     assert len(texts) == 1 and texts[0]["mark"]["y"] == 0  # the rules' names, above the plot
