@@ -36,7 +36,7 @@ PLATEAU = 0.05  # a p99 TTFT within 5% of another counts as as good
 CONV_LOADS = {"light": 0.5, "moderate": 0.8, "near": 0.95, "over": 1.2}  # the conv scene's rates, x capacity
 
 TWO_KNOB_KINDS = ("accepted", "refused by vLLM", "vLLM serve default", "vLLM offline default",
-                  "pick: lowest p99 ITL at the default's p99 TTFT")
+                  "pick (lowest p99 ITL)")  # the caption says: at as good a p99 TTFT as the default
 TWO_KNOB_SHAPES = ("circle", "cross", "diamond", "square", "triangle-up")
 HIGHLIGHT = viz.PALETTE[2]  # green: the point the sliders pick, and the trail of the pairs picked before
 # Loads, low to high: blue, orange, reddish purple, black; no two of one hue (sky blue beside blue, vermillion
@@ -49,7 +49,7 @@ EVERY_LOAD = "every load"  # the rate selector's last choice: all rates together
 # Log-axis labels of a latency in ms, in the reader's unit: 1, 2 and 5 times a power of ten, "200 ms", "5 s".
 _MANTISSA = "datum.value / pow(10, floor(log(datum.value) / LN10 + 1e-9))"
 DURATION_LABEL = (f"(abs({_MANTISSA} - 1) < 1e-6 || abs({_MANTISSA} - 2) < 1e-6 || abs({_MANTISSA} - 5) < 1e-6)"
-                  " ? (datum.value < 1000 ? format(datum.value, '~g') + ' ms' : format(datum.value / 1000, '~g')"
+                  " ? (datum.value < 1000 ? format(datum.value, ',~g') + ' ms' : format(datum.value / 1000, ',~g')"
                   " + ' s') : ''")
 
 

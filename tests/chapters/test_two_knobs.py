@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from concurrent.futures import ThreadPoolExecutor
 
+import altair as alt
 import numpy as np
 import pandas as pd
 import pytest
@@ -328,3 +329,15 @@ def test_uneven_knob_grid_still_gets_a_slider_over_its_positions(df):
     spec = chapter.two_knobs_chart(uneven, DEFAULTS).to_dict()
     assert params_of(spec)["seqs_i"]["bind"]["input"] == "range"
     assert bl.viz._slider_labels(spec)["seqs_i"]["labels"] == ["1,024", "2,048", "8,192"]
+
+
+def test_duration_axis_labels_carry_units_and_separators():
+    import vl_convert
+
+    df = pd.DataFrame({"ms": [5.0, 2_000_000.0]})
+    chart = alt.Chart(df).mark_point().encode(y=alt.Y("ms:Q", scale=alt.Scale(type="log"), axis=alt.Axis(
+        values=[10, 200, 1_000_000], labelExpr=chapter.DURATION_LABEL)))
+    svg = vl_convert.vegalite_to_svg(chart.to_dict())
+    for text in (">10 ms<", ">200 ms<", ">1,000 s<"):
+        assert text in svg, text
+
