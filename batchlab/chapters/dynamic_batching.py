@@ -328,7 +328,7 @@ def delay_load_chart(runs: pd.DataFrame, rules: pd.DataFrame, delay_ms: float = 
     on_metric = f"datum.metric == {metric.name}"
     shown = f"{on_metric} && (datum.policy != 'dynamic' || {at_delay})"
     tips = [viz.tip("policy", "policy", kind="N"), viz.tip("rate_text", "offered load (req/s)", kind="N"),
-            viz.tip("load", "share of capacity (%)", ".1%"), viz.tip("timer_text", "max queue delay", kind="N"),
+            viz.tip("load", "share of capacity", ".1%"), viz.tip("timer_text", "max queue delay", kind="N"),
             viz.tip("latency_text", "latency", kind="N")]
     base = alt.Chart(long).transform_filter(shown).transform_calculate(
         latency_text=viz.duration_text("latency_s", unit="s"), timer_text=TIMER_TEXT,

@@ -169,7 +169,8 @@ def tradeoff_chart(trade: pd.DataFrame, width: int = 420, height: int = 260):
         cadence.mark_rule(color="#888888", strokeDash=[4, 3]).encode(y="itl_max_ms:Q"),
         cadence.mark_text(align="left", baseline="top", dy=3, color="#555555").encode(  # under the line
             x=alt.value(4), y="itl_max_ms:Q", text="text:N"),
-        picked.mark_point(size=260, filled=False, color="black", strokeWidth=2),
+        picked.transform_calculate(ttft_text=viz.duration_text("ttft_ms"), gap_text=viz.duration_text("itl_max_ms"))
+        .mark_point(size=260, filled=False, color="black", strokeWidth=2).encode(tooltip=tooltip),  # on top of it
         picked.mark_text(align="right", baseline="top", fontWeight="bold", lineBreak="\n").encode(
             x=alt.value({"expr": "width"}), y=alt.value(4), text="label:N"),  # the plot's right edge, at any width
     ).properties(width=width, height=height).add_params(param)

@@ -36,7 +36,7 @@ PLATEAU = 0.05  # a p99 TTFT within 5% of another counts as as good
 CONV_LOADS = {"light": 0.5, "moderate": 0.8, "near": 0.95, "over": 1.2}  # the conv scene's rates, x capacity
 
 TWO_KNOB_KINDS = ("accepted", "refused by vLLM", "vLLM serve default", "vLLM offline default",
-                  "pick (lowest p99 ITL)")  # the caption says: at as good a p99 TTFT as the default
+                  "pick (the table below)")  # lowest p99 ITL at the default's throughput and TTFT
 TWO_KNOB_SHAPES = ("circle", "cross", "diamond", "square", "triangle-up")
 HIGHLIGHT = viz.PALETTE[2]  # green: the point the sliders pick, and the trail of the pairs picked before
 # Loads, low to high: blue, orange, reddish purple, black; no two of one hue (sky blue beside blue, vermillion

@@ -127,6 +127,10 @@ def test_tradeoff_chart_spec():
     # durations by the book's one rule, as the readout prints them ("27.3 ms", not a tooltip's "27")
     calcs = {c["as"]: c["calculate"] for c in spec["layer"][0]["transform"]}
     assert calcs == {"ttft_text": viz.duration_text("ttft_ms"), "gap_text": viz.duration_text("itl_max_ms")}
+    # the ring sits on top of the chosen point: it carries the same tooltip, or hovering that point shows nothing
+    (ring,) = [layer for layer in spec["layer"] if layer["mark"].get("type") == "point" and layer["mark"].get("size")]
+    assert ring["encoding"]["tooltip"] == tips
+    assert {c["as"] for c in ring["transform"] if "calculate" in c} >= {"ttft_text", "gap_text"}
     points = spec["datasets"][spec["layer"][0]["data"]["name"]]
     assert [p["ttft_ms"] for p in points] == pytest.approx([670.0, 400.0, 300.0])  # seconds in, shown in ms
     assert [p["itl_max_ms"] for p in points] == pytest.approx([30.0, 41.0, 65.0])
