@@ -83,6 +83,34 @@ window.batchlabDisableControls = function (el, spec, view) {
   });
 };
 
+// vega-tooltip puts a tooltip beside the pointer and, where it would run off the right edge, flips it to the
+// left, with no clamp: on a 400 px screen a wide tooltip then starts past the left edge and hides its titles.
+// Keep every tooltip on the screen and no wider than it (one watcher per page, on the one tooltip element).
+window.batchlabKeepTooltipsOnScreen = function () {
+  if (window.batchlabTooltipWatch) { return; }
+  var margin = 4;
+  var clamp = function (tip) {
+    var width = document.documentElement.clientWidth || window.innerWidth;
+    var widest = (width - 2 * margin) + "px";
+    if (tip.style.maxWidth !== widest) { tip.style.maxWidth = widest; }
+    var box = tip.getBoundingClientRect();
+    if (!box.width) { return; }
+    var left = Math.min(Math.max(box.left, margin), Math.max(margin, width - margin - box.width));
+    if (Math.abs(left - box.left) > 0.5) { tip.style.left = (parseFloat(tip.style.left) || 0) + left - box.left + "px"; }
+  };
+  var onTip = null;
+  var find = function () {
+    var tip = document.getElementById("vg-tooltip-element");
+    if (!tip || tip === onTip) { return; }
+    onTip = tip;  // vega-tooltip moves it by its style: clamp after each move (a clamp that changes nothing stops)
+    new MutationObserver(function () { clamp(tip); }).observe(tip, {attributes: true, attributeFilter: ["style", "class"]});
+    clamp(tip);
+  };
+  window.batchlabTooltipWatch = new MutationObserver(find);
+  window.batchlabTooltipWatch.observe(document.body, {childList: true});
+  find();
+};
+
 // Draw `spec` into `el`; when it is wider than its column, draw the narrow layout instead, and switch back and
 // forth as the window is resized. The chart carries data-batchlab-drawn once its final layout is on the page.
 window.batchlabDraw = function (el, spec, opts) {
@@ -96,6 +124,7 @@ window.batchlabDraw = function (el, spec, opts) {
       state.layout = layout;
       el.setAttribute("data-batchlab-layout", layout);
       window.batchlabLabelSliders(el, spec);
+      window.batchlabKeepTooltipsOnScreen();
       window.batchlabDisableControls(el, spec, result.view);
       return result;
     });

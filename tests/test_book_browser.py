@@ -479,6 +479,40 @@ _TABLES_JS = r"""() => [...document.querySelectorAll('article table')].map(t => 
   stacked: t.classList.contains('batchlab-stacked')}))"""
 
 
+# Pages whose charts carry the widest tooltips (several fields of words): on a phone each stays on the screen.
+TOOLTIP_PAGES = ["notebooks/01_static_batching", "notebooks/04_step_time_roofline", "notebooks/11_disaggregation"]
+_TIP_JS = """() => { const t = document.getElementById('vg-tooltip-element');
+  if (!t || !t.classList.contains('visible')) { return null; }
+  const b = t.getBoundingClientRect(); return [b.left, b.right, document.documentElement.clientWidth]; }"""
+
+
+@pytest.mark.parametrize("visit_at", [(p, 400) for p in TOOLTIP_PAGES], indirect=True,
+                         ids=[f"{p}-400" for p in TOOLTIP_PAGES])
+def test_tooltips_stay_on_a_phone_screen(visit_at):
+    """vega-tooltip flips a tooltip to the left of the pointer near the right edge, with no clamp: on a 400 px
+    screen a wide one started past the left edge (down to -115 px), its titles cut off. batchlab/viz.js clamps it.
+    Hovers marks spread across every chart and checks each tooltip lies within the screen."""
+    page, width, v = visit_at
+    seen, off = 0, []
+    for chart_id in v.wait_all_drawn():
+        v.page.locator(f"#{chart_id}").scroll_into_view_if_needed()
+        marks = v.page.locator(f"#{chart_id} g.mark-symbol path, #{chart_id} g.mark-rect path")
+        boxes = [b for b in (marks.nth(i).bounding_box() for i in range(min(marks.count(), 80))) if b]
+        boxes = [b for b in boxes if b["width"] > 2 and b["height"] > 2 and 0 < b["y"] + b["height"] / 2 < 860]
+        boxes = sorted(boxes, key=lambda b: b["x"])
+        for b in boxes[::max(1, len(boxes) // 12)]:  # spread across the chart: a tooltip flips left past mid-screen
+            v.page.mouse.move(b["x"] + b["width"] / 2, b["y"] + b["height"] / 2)
+            v.page.wait_for_timeout(120)
+            tip = v.page.evaluate(_TIP_JS)
+            if tip is None:
+                continue
+            seen += 1
+            if tip[0] < -0.5 or tip[1] > tip[2] + 0.5:
+                off.append((chart_id, [round(x) for x in tip]))
+    assert seen >= 5, f"{page}: only {seen} tooltips shown"
+    assert not off, f"{page}: tooltips off the screen (left, right, screen width): {off[:6]}"
+
+
 @pytest.mark.parametrize("visit_at", [(p, 400) for p in PAGES], indirect=True, ids=[f"{p}-400" for p in PAGES])
 def test_every_table_column_is_visible_on_a_phone(visit_at):
     """At 400 px no table hides columns behind a sideways scroll: a wide one is stacked, one block per row."""
