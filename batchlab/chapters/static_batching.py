@@ -167,8 +167,9 @@ def padding_chart(summary: pd.DataFrame, batches: pd.DataFrame | None = None, cv
         y=alt.Y("share:Q", title="share wasted (%)", axis=alt.Axis(format="%"), scale=alt.Scale(domain=[0, 1])),
         color=color)
     tips = [viz.tip(cv, "output-length CV", ".2f"), viz.tip("measure", "measure", kind="N"),
-            viz.tip("share", "share (%)", ".1%")]
-    tips += [viz.tip(c, fmt=",.0f") for c in ("max_output_tokens", "output_throughput") if c in long]
+            viz.tip("share", "share wasted", ".0%")]  # as the readout, the table and the prose: "50%"
+    tips += [viz.tip(c, title_, fmt=",.0f") for c, title_ in (("max_output_tokens", "longest output (tokens)"),
+                                                              ("output_throughput", None)) if c in long]
     points = base.mark_point(size=22, filled=True, opacity=0.8).encode(tooltip=tips)
     marker = base.mark_point(size=150, strokeWidth=2).encode(tooltip=tips).transform_filter(at_cv)
     # The readout sits in the bottom-right corner, one line per measure, right-aligned: both curves and the
