@@ -296,8 +296,7 @@ def closest_runs(runs: pd.DataFrame | None = None) -> pd.DataFrame:
 
 def _listed(values, fmt: str = "{:,}") -> str:
     """Distinct values in order, as a reader lists them: "128", "4, 6, 8 and 20"."""
-    shown = [fmt.format(v) for v in sorted(set(values))]
-    return shown[0] if len(shown) == 1 else ", ".join(shown[:-1]) + " and " + shown[-1]
+    return _join([fmt.format(v) for v in sorted(set(values))])
 
 
 def setup_table(close: pd.DataFrame, hit_rate: float, book_traffic: str):
@@ -413,6 +412,7 @@ def overloaded_names(per_run: pd.DataFrame) -> str:
 
 
 def _join(names: list) -> str:
+    """Names as a reader lists them: "a", "a and b", "a, b and c"."""
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
@@ -436,12 +436,10 @@ def within_sentence(medians: dict, target: float) -> str:
     inside = [words[m] for m in words if medians[m] <= target]
     outside = [words[m] for m in words if medians[m] > target]
 
-    def join(names):
-        return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
     band = f"{target:.0%}"
     if not outside:
-        return f"{join(inside)} all land within {band} in the median"
+        return f"{_join(inside)} all land within {band} in the median"
     if not inside:
-        return f"{join(outside)} all miss {band} in the median"
-    return f"{join(inside)} land within {band} in the median, {join(outside)} not yet"
+        return f"{_join(outside)} all miss {band} in the median"
+    return f"{_join(inside)} land within {band} in the median, {_join(outside)} not yet"
