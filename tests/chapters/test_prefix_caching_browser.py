@@ -92,3 +92,15 @@ def test_budget_chart_labels_its_lowest_line_and_reads_durations(page):
         raise AssertionError(f"no point's tooltip reads {want!r}")
     assert "p99 time to first token" in tip and " ms" in tip and "_" not in tip.replace("max_num_batched_tokens", "")
     assert f"{off.loc[off.index.min()]:,.0f}" not in tip  # not the old "1,102"
+
+
+def test_prose_reads_the_closed_loop_table_as_it_prints(page):
+    """The sentence on the closed-loop runs quotes the shared system prompts' two throughputs as the table beside
+    it prints them ("8.05 requests", not "8.0" above a table that says 8.05)."""
+    table = page.page.locator("table", has_text="throughput (req/s)").inner_text()
+    rows = [line.split("\t") for line in table.splitlines() if line.startswith(chapter.SHARED_NAME)]
+    assert len(rows) == 2, table  # caching off and on
+    header = next(line.split("\t") for line in table.splitlines() if "throughput (req/s)" in line)
+    off, on = (row[header.index("throughput (req/s)")] for row in rows)
+    prose = page.page.locator("p", has_text="requests per second").filter(has_text="instead of").first.inner_text()
+    assert f"completes {on} requests per second instead of {off}" in prose, (prose, off, on)
