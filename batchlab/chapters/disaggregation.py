@@ -218,7 +218,7 @@ def goodput_chart(table: pd.DataFrame, workload_name: str | None = None, slo: in
     data = table.assign(kind=np.where(table["config"].str.startswith("colocated"), "colocated", "split"))
     total = f"goodput, all {n_gpus:,} GPUs (req/s)"
     tips = [viz.tip("config", "configuration", kind="N"), viz.tip("slo_label", "SLO (90% of requests)", kind="N"),
-            viz.tip("goodput_per_gpu", "goodput per GPU (req/s)", ".2f"), viz.tip("goodput_req_s", total, ".1f")]
+            viz.tip("goodput_per_gpu", "goodput per GPU (req/s)", ".2f"), viz.tip("goodput_req_s", total, ".2f")]
     return alt.Chart(data).transform_filter(f"{at_slo} && {at_workload}").mark_bar().encode(
         y=alt.Y("config:N", sort=order, title=None, axis=alt.Axis(labelLimit=260)),
         x=alt.X("goodput_per_gpu:Q", title="goodput per GPU (req/s with 90% inside the SLO)"),

@@ -121,6 +121,9 @@ def test_winners_and_chart(small_grid):
     titles = {t["field"]: t["title"] for t in tips}
     assert titles["goodput_per_gpu"] == "goodput per GPU (req/s)" and titles["config"] == "configuration"
     assert titles["goodput_req_s"] == "goodput, all 4 GPUs (req/s)"
+    # Per GPU and for the fleet to the hundredth, as the table below the chart prints goodputs ("8.61").
+    assert {t["field"]: t.get("format") for t in tips if t["field"].startswith("goodput")} == {
+        "goodput_per_gpu": ".2f", "goodput_req_s": ".2f"}
     assert all("_" not in t["title"] for t in tips)
     assert spec["encoding"]["y"]["axis"]["labelLimit"] >= 200  # configuration names are not cut
     with pytest.raises(ValueError, match="workload_name must be one of"):

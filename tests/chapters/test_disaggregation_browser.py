@@ -49,3 +49,14 @@ def test_slo_and_workload_buttons(page):
     row = win.loc[("code", 1)]
     tip = _tooltip_of_bar(page, chart, row["winner"])
     assert f"{row['best_colocated']:.2f}" in tip and chapter.slo_label(*chapter.SLOS[1]) in tip
+
+
+def test_prose_reads_the_winners_table_as_it_prints(page):
+    """The page's sentence on code under the tight SLO quotes the two goodputs the winners table prints for that
+    cell, to the same hundredth ("8.61 requests per second per GPU", not "8.6" beside the table's 8.61)."""
+    best = chapter.chapter_winners().loc[("code", 0)]
+    split, colocated = f"{best['best_split']:.2f}", f"{best['best_colocated']:.2f}"
+    table = page.page.locator("table", has_text="best split (req/s per GPU)").inner_text()
+    assert f"{split} ({best['best_split_config']})" in table and colocated in table
+    prose = page.page.locator("p", has_text="requests per second per GPU").first.inner_text()
+    assert f"{split} requests per second per GPU" in prose and f"colocated setting {colocated}" in prose, prose
