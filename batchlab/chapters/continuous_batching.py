@@ -15,6 +15,9 @@ from ..metrics import tokens_per_step
 from ..sim import simulate
 from ..workload import preset
 
+# Times of day on the timelines, in seconds, as the page's prose states them ("ends at 12.03 s"): the tooltips'
+# "from" and "to" and the last-end labels (a d3 and a Python format both).
+SECONDS = ",.2f"
 OCCUPANCY_COLORS = {"slots held": "#CC79A7", "rows generating": "#0072B2"}  # line, bars of the occupancy panels
 
 
@@ -167,7 +170,7 @@ def _gantt_encoding() -> dict:
                 color=alt.Color("phase:N", title=None, legend=alt.Legend(orient="top"),
                                 scale=alt.Scale(domain=list(viz.PHASES), range=list(viz.PHASE_COLORS))),
                 tooltip=[viz.tip("request", "request", kind="O"), viz.tip("phase", "phase", kind="N"),
-                         viz.tip("start_s", "from (s)", ",.3f"), viz.tip("end_s", "to (s)", ",.3f"),
+                         viz.tip("start_s", "from (s)", SECONDS), viz.tip("end_s", "to (s)", SECONDS),
                          viz.tip("lasts", "lasts", kind="N")])
 
 
@@ -193,7 +196,7 @@ def _gantt_layers(df: pd.DataFrame, facet: str, highlight: bool, last_end: bool)
         params.append(param)
     faceted = facet in df.columns
     if last_end and not faceted:
-        enc["x"] = alt.X("start_s:Q", title=f"time (s); the last request ends at {df['end_s'].max():.2f} s")
+        enc["x"] = alt.X("start_s:Q", title=f"time (s); the last request ends at {df['end_s'].max():{SECONDS}} s")
     layers = [_gantt_bars().encode(**enc)]
     if last_end:
         last = alt.Chart().transform_aggregate(last_s="max(end_s)")
@@ -205,7 +208,7 @@ def _gantt_layers(df: pd.DataFrame, facet: str, highlight: bool, last_end: bool)
                             labelFontSize=12, labelPadding=0)
         if last_end:
             ends = df.groupby(facet)["end_s"].max()
-            words = "".join(f"datum.value == '{k}' ? ': the last request ends at {ends[k]:.2f} s' : "
+            words = "".join(f"datum.value == '{k}' ? ': the last request ends at {ends[k]:{SECONDS}} s' : "
                             for k in order)
             header = alt.Header(labelExpr=f"datum.value + ({words}'')", **header.to_dict())
         chart = chart.properties(width=520, height=alt.Step(12)).facet(
@@ -273,8 +276,8 @@ def occupancy_panels_chart(df: pd.DataFrame, facet: str = "policy"):
     y = alt.Y("rows:Q", title="sequences", axis=alt.Axis(tickMinStep=1))
     color = alt.Color("measure:N", title=None, legend=alt.Legend(orient="top"),
                       scale=alt.Scale(domain=list(OCCUPANCY_COLORS), range=list(OCCUPANCY_COLORS.values())))
-    tips = [viz.tip(facet, facet, kind="N"), viz.tip("time_s", "from (s)", ",.3f"),
-            viz.tip("end_s", "to (s)", ",.3f"), viz.tip("held", "slots held (sequences)", "d"),
+    tips = [viz.tip(facet, facet, kind="N"), viz.tip("time_s", "from (s)", SECONDS),
+            viz.tip("end_s", "to (s)", SECONDS), viz.tip("held", "slots held (sequences)", "d"),
             viz.tip("generating", "rows generating (sequences)", "d")]
     base = alt.Chart().transform_calculate(held="datum['slots held']", generating="datum['rows generating']")
     long = base.transform_fold(list(OCCUPANCY_COLORS), as_=["measure", "rows"])

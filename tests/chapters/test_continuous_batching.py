@@ -106,6 +106,9 @@ def test_gantt_chart_with_highlight_and_last_end(gantt):
     tips = {t["field"]: t["title"] for t in bars["encoding"]["tooltip"]}
     assert tips == {"request": "request", "phase": "phase", "start_s": "from (s)", "end_s": "to (s)",
                     "lasts": "lasts"}  # its value carries its unit: "35.2 ms", "2.68 s"
+    # A phase's ends read to the hundredth of a second, as the page's prose and the panel titles state times.
+    assert {t["field"]: t.get("format") for t in bars["encoding"]["tooltip"] if t["field"].endswith("_s")} == {
+        "start_s": ",.2f", "end_s": ",.2f"}
     assert {"calculate": viz.duration_text("phase_s", unit="s"), "as": "lasts"} in bars["transform"]
     assert bars["encoding"]["color"]["scale"]["domain"] == list(viz.PHASES)
     assert "datum.request == request" in bars["encoding"]["opacity"]["condition"][0]["test"]
@@ -162,6 +165,7 @@ def test_occupancy_panels_chart(runs):
     assert hover["mark"] == {"type": "rect", "opacity": 0}
     assert [t["title"] for t in hover["encoding"]["tooltip"]] == [
         "policy", "from (s)", "to (s)", "slots held (sequences)", "rows generating (sequences)"]
+    assert [t.get("format") for t in hover["encoding"]["tooltip"][1:3]] == [",.2f", ",.2f"]  # as the Gantt's
     # The intervals tile each run: every one ends where the next starts, and the run's last has no length.
     data = pd.DataFrame(next(iter(spec["datasets"].values())))
     for _, run in data.groupby("policy"):
