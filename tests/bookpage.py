@@ -45,7 +45,7 @@ class Visit:
     """One page opened in a fresh context, with every request, console error and page error recorded."""
 
     def __init__(self, browser, url, width: int = 1280):
-        self.requests, self.blocked, self.errors = [], [], []
+        self.requests, self.blocked, self.errors, self.warnings = [], [], [], []
         self.context = browser.new_context(viewport={"width": width, "height": 1000 if width >= 800 else 860})
         self.page = self.context.new_page()
         self.page.route("**/*", self._route)
@@ -54,7 +54,8 @@ class Visit:
         self.page.on("requestfinished", lambda r: self.pending.discard(r.url))
         self.page.on("requestfailed", lambda r: self.pending.discard(r.url))
         self.page.on("websocket", lambda ws: self.blocked.append(ws.url))
-        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
+        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else
+                     self.warnings.append(m.text) if m.type == "warning" else None)
         self.page.on("pageerror", lambda e: self.errors.append(str(e)))
         self.page.goto(url, wait_until="load")
 

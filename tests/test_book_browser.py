@@ -198,6 +198,7 @@ def test_charts_fit_the_text_column(visit_at):
     sideways = v.page.evaluate("() => document.documentElement.scrollWidth - document.documentElement.clientWidth")
     assert sideways <= 0, f"{page} at {width} px: the page scrolls sideways by {sideways} px (a wide table or word)"
     assert not v.errors, f"{page} at {width} px: console errors {v.errors}"
+    assert not v.warnings, f"{page} at {width} px: console warnings (Vega's, say an empty layer's) {v.warnings}"
 
 
 # -- no plumbing on the page --------------------------------------------------------------------------------------
@@ -303,6 +304,7 @@ def test_every_bound_control_redraws_its_chart(visit, kind):
             continue  # disabled in this state (a checkbox elsewhere turns it on)
         _redraws(v, page, controls.nth(i), CHANGES[kind], f"{kind}{i + 1}")
     assert not v.errors, f"{page}: console errors {v.errors}"
+    assert not v.warnings, f"{page}: console warnings after moving each {kind} control: {v.warnings}"
 
 
 def test_pages_have_no_controls_beyond_the_listed_ones(site, browser):

@@ -317,8 +317,9 @@ def _tick_above(v: float) -> float:
 
 def _log_domain(data, marks, col: str, every: int) -> tuple[dict, dict]:
     """Per shown rate (its index, then every load), the latency axis' ends on labelled ticks around the runs
-    shown, as Vega expressions on ``rate_i`` for ``domainMin`` and ``domainMax``: no run sits above the last
-    label (a p99 ITL of 160 ms on an axis labelled to 100 ms)."""
+    shown, as Vega expressions on ``rate_i``: no run sits above the last label (a p99 ITL of 160 ms on an axis
+    labelled to 100 ms). The scale's whole domain: one read off the data would make Vega warn of an "Infinite
+    extent" for every layer a selection leaves empty (the frontier's line at one rate, the trail before a click)."""
     shown = pd.concat([data.loc[~data["vllm_refuses"], ["rate_i", col]], marks[["rate_i", col]]])
     shown = shown[shown[col] > 0]
     groups = [shown[shown["rate_i"] == i][col] for i in range(every)] + [shown[col]]
@@ -424,7 +425,7 @@ def _panel(data, marks, col, height, frontier, *, xenc, shape, tooltip, at_rate,
     trail, the chosen run. The log axis fits the runs shown, labelled in ms and s."""
     low, high = _log_domain(data, marks, col, every)
     yenc = alt.Y(f"{col}:Q", title=f"{viz.title(col).split(' (')[0]} (log scale)",
-                 scale=alt.Scale(type="log", nice=False, padding=PANEL_PADDING_PX, domainMin=low, domainMax=high),
+                 scale=alt.Scale(type="log", nice=False, padding=PANEL_PADDING_PX, domain=[low, high]),
                  axis=alt.Axis(labelExpr=DURATION_LABEL))
     base = alt.Chart(data).transform_filter("!datum.vllm_refuses").transform_filter(at_rate).transform_calculate(
         **calc).encode(x=xenc, y=yenc)  # refused pairs were never run: no operating point
@@ -447,6 +448,9 @@ def _panel(data, marks, col, height, frontier, *, xenc, shape, tooltip, at_rate,
 
 
 READOUT_LINE_PX = 15
+# What a pair vLLM refuses reads, in chapter 8's readout and chapter 9's tooltips (vllm/config/scheduler.py,
+# SchedulerConfig: max_num_batched_tokens must be at least max_num_seqs).
+REFUSED_TEXT = "refused by vLLM: fewer tokens than sequences"
 PANEL_PADDING_PX = 12  # room above and below the runs: the chosen point (size 260, radius 9 px) stays inside
 
 
@@ -467,7 +471,7 @@ def _readout(data, at_seqs: str, at_tok: str, at_rate: str, every: int, x: str, 
     lines = alt.Chart(data).transform_filter(f"{at_seqs} && {at_tok} && {shown}").transform_calculate(
         y_text=viz.duration_text(y), y2_text=viz.duration_text(y2),
         line_y=f"(datum.vllm_refuses ? 0 : datum.rate_i) * {READOUT_LINE_PX} + {READOUT_LINE_PX + 3}",
-        label=f"datum.vllm_refuses ? 'refused by vLLM: fewer tokens than sequences' : format(datum.rate_req_s,"
+        label=f"datum.vllm_refuses ? '{REFUSED_TEXT}' : format(datum.rate_req_s,"
               f" '.1f') + ' req/s: ' + format(datum['{x}'], ',.0f') + ' tok/s, {name} ' + datum.y_text + ', "
               f"{name2} ' + datum.y2_text").mark_text(align="left", baseline="top", fontSize=11) \
         .encode(x=alt.value(0), y=alt.Y("line_y:Q", scale=None), text="label:N",
@@ -481,8 +485,9 @@ def _grid_panel(data, marks, shape, at_rate: str, at_pair: str, trail):
     """The knob grid itself: one mark per pair at the shown rate(s), refused pairs crossed, the frontier black
     (drawn last, so a pair on the frontier at any shown rate reads black)."""
     thousands = "format(datum.value, ',')"
+    # upright labels: on a phone's column of 11 budgets each label keeps its ~25 px, and none is dropped
     xenc = alt.X("max_num_batched_tokens:O", title="max_num_batched_tokens (tokens)",
-                 axis=alt.Axis(labelAngle=-45, labelExpr=thousands))
+                 axis=alt.Axis(labelAngle=-90, labelOverlap=False, labelExpr=thousands))
     yenc = alt.Y("max_num_seqs:O", title="max_num_seqs (sequences)", sort="descending",
                  axis=alt.Axis(labelExpr=thousands))
     tooltip = [viz.tip("rate_req_s", "request rate (req/s)", ".1f"),
