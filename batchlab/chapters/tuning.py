@@ -359,6 +359,7 @@ def _map_data(grid: pd.DataFrame, picks: pd.DataFrame, workloads, slos, loads) -
     return data[keep]
 
 
+REFUSED_FILL = "#eeeeee"  # the map's cells of pairs vLLM refuses
 READOUT_CHARS = 44  # the longest readout line: at 400 px the map's plot area leaves about 300 px for 11 px text
 
 
@@ -442,16 +443,22 @@ def goodput_map_chart(grid: pd.DataFrame, picks: pd.DataFrame, workload_names: d
                viz.tip("longest_itl_text", "p99 longest gap", kind="N"),
                viz.tip("slo_load_text", "SLO load (largest p99 / bound)", kind="N"),
                viz.tip("held", "p99s within the SLO", kind="N")]
+    # a pair vLLM refuses was never run: its knobs and why, not a "refused" in every field
+    refused_tip = tooltip[:2] + [viz.tip("refused_text", "this pair", kind="N")]
+    ran, refused = 'datum.held != "refused"', 'datum.held == "refused"'
     # each goodput by the book's rule for rates (viz.rate_text, the twin of the tables' viz.format_rate)
     base = alt.Chart(data).transform_filter(chosen).transform_calculate(
         goodput_text=viz.rate_text("request_goodput", missing=""),
-        goodput_tip=viz.rate_text("request_goodput", missing="refused")).encode(x=xenc, y=yenc)
-    cells = base.mark_rect(stroke="white", strokeWidth=1).encode(
+        goodput_tip=viz.rate_text("request_goodput", missing="refused"),
+        refused_text=f"'{two_knobs.REFUSED_TEXT}'").encode(x=xenc, y=yenc)
+    cells = base.transform_filter(ran).mark_rect(stroke="white", strokeWidth=1).encode(
         color=alt.Color("share_within:Q", title="requests within the SLO",
                         scale=alt.Scale(scheme=MAP_SCHEME, domain=[0, 1]),
                         legend=alt.Legend(format=".0%", orient="bottom", gradientLength=200, values=[0, 0.5, 1],
                                           titleLimit=0, labelLimit=0)),
         tooltip=tooltip)
+    refused_cells = base.transform_filter(refused).mark_rect(stroke="white", strokeWidth=1, color=REFUSED_FILL) \
+        .encode(tooltip=refused_tip)  # never run: no share to colour by, and the cross on it says why
     held = base.transform_filter("datum.slo_met").mark_rect(filled=False, stroke="#e69f00", strokeWidth=2)
     text = base.mark_text(fontSize=8, dy=6).encode(
         text="goodput_text:N",
@@ -460,9 +467,12 @@ def goodput_map_chart(grid: pd.DataFrame, picks: pd.DataFrame, workload_names: d
     # condition is the selection's, read from the picks as an expression of the three buttons' signals.
     holds = _holds_expr(picks, workloads, slos, loads)
     point = dict(filled=True, size=45, color="black", stroke="white", strokeWidth=1, yOffset=-5)
-    others = base.transform_filter(f'datum.kind != "" && datum.kind != "{MAP_KINDS[0]}"').mark_point(**point).encode(
-        shape=alt.Shape("kind:N", title=None, scale=alt.Scale(domain=list(MAP_KINDS[1:]), range=list(MAP_SHAPES[1:])),
-                        legend=alt.Legend(orient="bottom", labelLimit=0)), tooltip=tooltip)
+    others = base.transform_filter(f'datum.kind != "" && datum.kind != "{MAP_KINDS[0]}"')
+    other_shape = alt.Shape("kind:N", title=None, legend=alt.Legend(orient="bottom", labelLimit=0),
+                            scale=alt.Scale(domain=list(MAP_KINDS[1:]), range=list(MAP_SHAPES[1:])))
+    others = alt.layer(others.transform_filter(ran).mark_point(**point).encode(shape=other_shape, tooltip=tooltip),
+                       others.transform_filter(refused).mark_point(**point).encode(shape=other_shape,
+                                                                                    tooltip=refused_tip))
     pick_legend = alt.Legend(orient="bottom", labelLimit=0, symbolOpacity=alt.ExprRef(f"({holds}) ? 1 : 0"),
                              labelExpr=f"({holds}) ? datum.label : ''")
     pick_mark = base.transform_filter(f'datum.kind == "{MAP_KINDS[0]}"').mark_point(**point).encode(
@@ -472,7 +482,7 @@ def goodput_map_chart(grid: pd.DataFrame, picks: pd.DataFrame, workload_names: d
     readout = alt.Chart(_map_readout(picks, workloads, slos, loads)).transform_filter(chosen).mark_text(
         align="left", baseline="top", fontSize=11, color="#333333", lineBreak="\n", lineHeight=15).encode(
         x=alt.value(0), y=alt.value(0), text="label:N").properties(width=MAP_WIDTH, height=45)
-    heat = alt.layer(cells, held, text, marks).properties(width=MAP_WIDTH, height=330)
+    heat = alt.layer(cells, refused_cells, held, text, marks).properties(width=MAP_WIDTH, height=330)
     return alt.vconcat(readout, heat, spacing=4).add_params(*params)
 
 

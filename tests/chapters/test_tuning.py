@@ -226,12 +226,21 @@ def test_goodput_map_chart_spec(tuned):
     tips = [t for ts in walk(spec, "tooltip") if isinstance(ts, list) for t in ts]
     fields = {t["field"] for t in tips}
     assert {"slo_load_text", "longest_itl_text", "tpot_text", "share_text", "ttft_text", "goodput_tip"} <= fields
-    # a refused pair's tooltip says so in every field (a numeric field with no value reads "null")
-    refused = [d for d in cells if d["kind"] == "refused by vLLM"]
-    for d in refused:
-        shown_ = {t["field"]: d[t["field"]] for t in tips if t["field"] not in ("max_num_seqs",
-                                                                              "max_num_batched_tokens", "goodput_tip")}
-        assert len(shown_) == 6 and set(shown_.values()) == {"refused"}, shown_
+    # A refused pair's marks (its cell and its cross) read its knobs and why, once; every other mark reads the
+    # run's numbers, none of them "refused" or "null" (a numeric field with no value).
+    layers = [v for v in walk(spec, "layer") for v in v if "mark" in v]
+    refused_layers = [v for v in layers if 'datum.held == "refused"' in v.get("transform", [{}])[-1].get(
+        "filter", "")]
+    assert {v["mark"]["type"] for v in refused_layers} == {"rect", "point"}
+    for v in refused_layers:
+        assert [t["title"] for t in v["encoding"]["tooltip"]] == [
+            "max_num_seqs (sequences)", "max_num_batched_tokens (tokens)", "this pair"]
+    calcs = {c["as"]: c["calculate"] for c in walk(spec, "transform") for c in c if "calculate" in c}
+    assert calcs["refused_text"] == f"'{two_knobs.REFUSED_TEXT}'" and "fewer tokens than sequences" in calcs[
+        "refused_text"]
+    full = [v for v in layers if "tooltip" in v.get("encoding", {}) and v not in refused_layers]
+    ran_only = ('datum.held != "refused"', f'datum.kind == "{chapter.MAP_KINDS[0]}"')  # the pick is never refused
+    assert full and all(any(str(t.get("filter")) in ran_only for t in v["transform"]) for v in full)
     ran = [d for d in cells if d["kind"] != "refused by vLLM"]
     assert [d["share_text"] for d in ran] == [f"{d['share_within']:.1%}" for d in ran]
     assert [d["slo_load_text"] for d in ran] == [f"{d['slo_load']:.2f}" for d in ran]
