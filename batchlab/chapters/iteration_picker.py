@@ -274,7 +274,8 @@ def _split_panel(split: pd.DataFrame, at: str, width: int):
         paid_text="datum.paid ? 'yes' : 'no: the other side takes longer'",
         slot="datum.resource == 'compute (tensor cores)' ? 0 : 1").encode(  # compute above, memory or fixed below
         y=alt.Y("operator:N", title=None, sort=list(dict.fromkeys(op for op, _, _ in SPLIT_BARS)),
-                axis=alt.Axis(labelLimit=0)), yOffset=alt.YOffset("slot:O"), tooltip=tips)
+                axis=alt.Axis(labelLimit=0)),  # the two slots named, not read off each layer (Vega-Lite would warn
+        yOffset=alt.YOffset("slot:O", scale=alt.Scale(domain=[0, 1])), tooltip=tips)  # of conflicting sorts)
     x = alt.X("ms:Q", title="time in this iteration (ms)", scale=alt.Scale(domain=[0, float(split["ms"].max() * 1.2)]))
     bars = base.mark_bar().encode(x=x, color=alt.Color("resource:N", title=None, scale=resources,
                                                        legend=alt.Legend(orient="top", labelLimit=0)),

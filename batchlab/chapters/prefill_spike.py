@@ -243,13 +243,16 @@ def spike_chart(itl: pd.DataFrame, behind: pd.DataFrame, reference_ms: float | N
     base = alt.Chart(itl).transform_filter(pick).transform_calculate(gap=viz.duration_text("itl_ms"))
     gap_tips = [viz.tip("time_s", SENT_TITLE, ".3f"), viz.tip("gap", "inter-token latency", kind="N"),
                 viz.tip("sequences", "decoders with this gap (sequences)", ",")]
+    # The largest gap's label, on the side with room: two text layers over the same dot, one of them drawing an
+    # empty string (a layer filtered to nothing would make Vega warn of an infinite extent).
     top = base.transform_joinaggregate(top="max(itl_ms)", lo="min(time_s)", hi="max(time_s)").transform_filter(
         "datum.itl_ms == datum.top").transform_calculate(
-        text="'one gap of ' + (" + viz.duration_text("itl_ms") + ")", left="datum.time_s > (datum.lo + datum.hi) / 2")
+        text="'one gap of ' + (" + viz.duration_text("itl_ms") + ")", left="datum.time_s > (datum.lo + datum.hi) / 2",
+        right_text="datum.left ? '' : datum.text", left_text="datum.left ? datum.text : ''")
     layers = [
         base.mark_circle(size=30, opacity=0.85, color=viz.PALETTE[0]).encode(x=x, y=y, tooltip=gap_tips),
-        top.transform_filter("!datum.left").mark_text(align="left", dx=8).encode(x=x, y=y, text="text:N"),
-        top.transform_filter("datum.left").mark_text(align="right", dx=-8).encode(x=x, y=y, text="text:N"),
+        top.mark_text(align="left", dx=8).encode(x=x, y=y, text="right_text:N"),
+        top.mark_text(align="right", dx=-8).encode(x=x, y=y, text="left_text:N"),
     ]
     if reference_ms is not None:
         ref = alt.Chart(pd.DataFrame({"itl_ms": [reference_ms], "text": [reference_label]}))

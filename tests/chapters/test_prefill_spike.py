@@ -181,13 +181,15 @@ def test_spike_label_marks_the_largest_gap_on_the_side_with_room(frames):
     spec = chapter.spike_chart(itl, behind).to_dict()
     labels = spec["vconcat"][0]["layer"][1:]
     assert len(labels) == 2  # no reference rule unless asked: the two spike labels
-    for label, side, align in zip(labels, ("!datum.left", "datum.left"), ("left", "right")):
+    for label, text, align in zip(labels, ("right_text", "left_text"), ("left", "right")):
         ops = [t for t in label["transform"] if "joinaggregate" in t or "filter" in t]
-        assert {"op": "max", "field": "itl_ms", "as": "top"} in ops[-3]["joinaggregate"]
-        assert ops[-2]["filter"] == "datum.itl_ms == datum.top" and ops[-1]["filter"] == side
+        assert {"op": "max", "field": "itl_ms", "as": "top"} in ops[-2]["joinaggregate"]
+        assert ops[-1]["filter"] == "datum.itl_ms == datum.top"  # both layers hold the dot: neither is ever empty
         assert label["mark"]["align"] == align  # right of a dot in the left half, left of one in the right half
-    calc = [t["calculate"] for t in labels[0]["transform"] if t.get("as") == "left"]
-    assert calc == ["datum.time_s > (datum.lo + datum.hi) / 2"]
+        assert label["encoding"]["text"]["field"] == text
+    calc = {t["as"]: t["calculate"] for t in labels[0]["transform"] if "calculate" in t}
+    assert calc["left"] == "datum.time_s > (datum.lo + datum.hi) / 2"
+    assert calc["right_text"] == "datum.left ? '' : datum.text" and calc["left_text"] == "datum.left ? datum.text : ''"
 
 
 def test_every_tooltip_is_titled_in_words(frames):
