@@ -74,6 +74,11 @@ E2E_SETS = {"inference-perf": "open loop (inference-perf)", "aiconfigurator": "c
 SET_COLORS = {E2E_SETS["inference-perf"]: viz.PALETTE[0], E2E_SETS["aiconfigurator"]: viz.PALETTE[1]}
 
 
+def _profile(run) -> str:
+    """An open-loop (inference-perf) run's prompt profile, the last word of its experiment's name ("long")."""
+    return str(run["experiment"]).rsplit("-", 1)[-1]
+
+
 def run_text(run) -> str:
     """One end-to-end calibration run in words (chapter 13's tooltips and tables): the model and its weights, the
     GPUs, and the load (an open-loop rate and its prompts, or a closed loop's clients and labelled lengths).
@@ -85,8 +90,7 @@ def run_text(run) -> str:
     tp, gpu = int(run["tp"]), viz.GPU_NAMES.get(run["hardware"], run["hardware"])
     where = f"{model} {str(run['dtype']).upper()} on {'one' if tp == 1 else tp} {gpu}{'' if tp == 1 else 's'}"
     if run["set"] == "inference-perf":
-        profile = str(run["experiment"]).rsplit("-", 1)[-1]
-        return f"{where}, {float(run['rate_req_s']):g} req/s open loop ({profile} prompts)"
+        return f"{where}, {float(run['rate_req_s']):g} req/s open loop ({_profile(run)} prompts)"
     client = ", InferenceX's client" if run.get("client") == "inferencex" else ""
     return (f"{where}, {int(run['concurrency'])} clients, {int(run['isl']):,}-token prompts and "
             f"{int(run['osl']):,}-token outputs{client}")
@@ -289,8 +293,7 @@ def closest_runs(runs: pd.DataFrame | None = None) -> pd.DataFrame:
     near["max_num_batched_tokens"] = [k["max_num_batched_tokens"] for k in knobs]
     near["kv_kib_per_token"] = [get_model(m).kv_bytes_per_token("bf16") / 1024 for m in near["model"]]
     near["run"] = [run_text(run) for _, run in near.iterrows()]
-    near["load"] = [f"{float(run['rate_req_s']):g} req/s, {str(run['experiment']).rsplit('-', 1)[-1]} prompts"
-                    for _, run in near.iterrows()]
+    near["load"] = [f"{float(run['rate_req_s']):g} req/s, {_profile(run)} prompts" for _, run in near.iterrows()]
     return near.reset_index(drop=True)
 
 
@@ -405,7 +408,7 @@ def overloaded_names(per_run: pd.DataFrame) -> str:
     runs = calibration_runs().set_index("run_id").loc[late["run_id"]].reset_index()
     models = [viz.MODEL_NAMES.get(m, m) for m in runs["model"]]
     rates = runs["rate_req_s"].to_numpy(dtype=float)
-    profiles = {str(e).rsplit("-", 1)[-1] for e in runs["experiment"]}  # as run_text names an open-loop profile
+    profiles = {_profile(run) for _, run in runs.iterrows()}
     if (runs["set"] == "inference-perf").all() and np.allclose(rates, rates[0]) and len(profiles) == 1:
         return f"the {rates[0]:g} req/s stages of {_join(models)}'s {profiles.pop()} runs"
     return _join([run_text(run) for _, run in runs.iterrows()])
