@@ -431,8 +431,8 @@ def goodput_map_chart(grid: pd.DataFrame, picks: pd.DataFrame, workload_names: d
         preds.append(pred)
     chosen = " && ".join(preds)
     thousands = "format(datum.value, ',')"
-    xenc = alt.X("max_num_batched_tokens:O", title="max_num_batched_tokens (tokens)",
-                 axis=alt.Axis(labelAngle=-45, labelExpr=thousands))
+    xenc = alt.X("max_num_batched_tokens:O", title="max_num_batched_tokens (tokens)",  # upright: on a phone
+                 axis=alt.Axis(labelAngle=-90, labelOverlap=False, labelExpr=thousands))  # none is dropped
     yenc = alt.Y("max_num_seqs:O", title="max_num_seqs (sequences)", sort="descending",
                  axis=alt.Axis(labelExpr=thousands))
     tooltip = [viz.tip("max_num_seqs", "max_num_seqs (sequences)", ","),
