@@ -159,17 +159,19 @@ def gantt_chart(df: pd.DataFrame, facet: str = "policy", highlight: bool = False
     """
     if highlight or last_end:
         return _gantt_layers(df, facet, highlight, last_end)
-    bars = _gantt_bars(df).encode(**_gantt_encoding())
+    bars = _gantt_bars(df).encode(**_gantt_encoding(facet if facet in df.columns else None))
     if facet not in df.columns:
         return bars
     return bars.properties(width=520, height=alt.Step(12)).facet(row=alt.Row(f"{facet}:N", title=None))
 
 
-def _gantt_encoding() -> dict:
+def _gantt_encoding(facet: str | None = None) -> dict:
+    """The bars' channels; with panels, the tooltip names the bar's panel first (which policy's request 3)."""
+    panel = [viz.tip(facet, facet, kind="N")] if facet else []
     return dict(x=alt.X("start_s:Q", title="time (s)"), x2="end_s:Q", y=alt.Y("request:O", title="request"),
                 color=alt.Color("phase:N", title=None, legend=alt.Legend(orient="top"),
                                 scale=alt.Scale(domain=list(viz.PHASES), range=list(viz.PHASE_COLORS))),
-                tooltip=[viz.tip("request", "request", kind="O"), viz.tip("phase", "phase", kind="N"),
+                tooltip=panel + [viz.tip("request", "request", kind="O"), viz.tip("phase", "phase", kind="N"),
                          viz.tip("start_s", "from (s)", SECONDS), viz.tip("end_s", "to (s)", SECONDS),
                          viz.tip("lasts", "lasts", kind="N")])
 
@@ -185,7 +187,7 @@ def _gantt_bars(df: pd.DataFrame | None = None):
 def _gantt_layers(df: pd.DataFrame, facet: str, highlight: bool, last_end: bool):
     """:func:`gantt_chart` with a request-highlight select box (no request, or request 0, 1, ...) and/or the
     last end of each panel marked."""
-    enc = _gantt_encoding()
+    enc = _gantt_encoding(facet if facet in df.columns else None)
     params = []
     if highlight:
         ids = np.unique(df["request"])

@@ -104,8 +104,9 @@ def test_gantt_chart_with_highlight_and_last_end(gantt):
     bars, rule = spec["spec"]["layer"]
     assert bars["mark"]["type"] == "bar" and bars["encoding"]["x2"]["field"] == "end_s"
     tips = {t["field"]: t["title"] for t in bars["encoding"]["tooltip"]}
-    assert tips == {"request": "request", "phase": "phase", "start_s": "from (s)", "end_s": "to (s)",
-                    "lasts": "lasts"}  # its value carries its unit: "35.2 ms", "2.68 s"
+    assert tips == {"policy": "policy", "request": "request", "phase": "phase", "start_s": "from (s)",
+                    "end_s": "to (s)", "lasts": "lasts"}  # its value carries its unit: "35.2 ms", "2.68 s"
+    assert bars["encoding"]["tooltip"][0]["field"] == "policy"  # which panel's request 3, first
     # A phase's ends read to the hundredth of a second, as the page's prose and the panel titles state times.
     assert {t["field"]: t.get("format") for t in bars["encoding"]["tooltip"] if t["field"].endswith("_s")} == {
         "start_s": ",.2f", "end_s": ",.2f"}

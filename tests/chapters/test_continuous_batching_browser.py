@@ -37,7 +37,7 @@ def test_gantt_and_occupancy_answer_a_hover(site, browser):
     try:
         gantt, occupancy = v.chart(0), v.chart(1)
         text = _hover_first(v, gantt, "g.mark-rect.role-mark path")
-        assert all(word in text for word in ("request", "phase", "from (s)", "to (s)", "lasts"))
+        assert all(word in text for word in ("policy", "request", "phase", "from (s)", "to (s)", "lasts"))
         lasts = re.search(r"lasts\s+([\d,.]+) (ms|s)\b", text)  # one unit, milliseconds only below a second
         assert lasts and (lasts[2] == "s" or float(lasts[1].replace(",", "")) < 1000), text
         v.page.mouse.move(0, 0)
