@@ -392,13 +392,14 @@ def two_knobs_chart(df: pd.DataFrame, defaults: dict, offline_tokens: int | None
                viz.tip("max_num_batched_tokens", "max_num_batched_tokens (tokens)", ","),
                viz.tip(x, viz.title(x), ",.0f"), viz.tip("y_text", viz.title(y).split(" (")[0], kind="N"),
                viz.tip("y2_text", viz.title(y2).split(" (")[0], kind="N")]
-    if "p99_tpot_ms" in data.columns:
-        tooltip.append(viz.tip("p99_tpot_ms", viz.title("p99_tpot_ms"), ",.1f"))
+    calc = {"y_text": viz.duration_text(y), "y2_text": viz.duration_text(y2)}
+    if "p99_tpot_ms" in data.columns:  # read as the other two durations are: "9.80 ms", the unit in the value
+        tooltip.append(viz.tip("tpot_text", viz.title("p99_tpot_ms").split(" (")[0], kind="N"))
+        calc["tpot_text"] = viz.duration_text("p99_tpot_ms")
     accepted = data.loc[~data["vllm_refuses"], x]
     xenc = alt.X(f"{x}:Q", title=viz.title(x), axis=alt.Axis(format=",.0f"),
                  scale=alt.Scale(zero=False, nice=False, domain=[float(accepted.min()) * 0.95,
                                                                   float(accepted.max()) * 1.03]))
-    calc = {"y_text": viz.duration_text(y), "y2_text": viz.duration_text(y2)}
     kw = dict(xenc=xenc, shape=shape, tooltip=tooltip, at_rate=at_rate, chosen=chosen, trail=trail, calc=calc,
               every=every, rates=[float(r) for r in rates])
     top = _panel(data, marks, y, 300, True, **kw).add_params(trail)
@@ -430,7 +431,8 @@ def _panel(data, marks, col, height, frontier, *, xenc, shape, tooltip, at_rate,
     base = alt.Chart(data).transform_filter("!datum.vllm_refuses").transform_filter(at_rate).transform_calculate(
         **calc).encode(x=xenc, y=yenc)  # refused pairs were never run: no operating point
     layers = [base.mark_point(filled=True, size=40, opacity=0.7).encode(
-        color=alt.Color("rate_req_s:N", title="request rate (req/s)", legend=alt.Legend(orient="bottom"),
+        color=alt.Color("rate_req_s:N", title="request rate (req/s)",  # "25.0", as the buttons and readout
+                        legend=alt.Legend(orient="bottom", labelExpr="format(toNumber(datum.value), '.1f')"),
                         scale=alt.Scale(domain=rates, range=RATE_COLORS[:len(rates)])),  # one colour per rate,
         shape=shape, tooltip=tooltip)]  # whichever rates are shown
     if frontier:  # the frontier runs across rates: its line with every load, its point ringed at one

@@ -224,7 +224,9 @@ def test_tooltips_are_titled_in_words_with_units(df):
     assert tips and all(isinstance(t, dict) and t.get("title") for t in tips)
     assert "frontier" not in {t["field"] for t in tips}  # a yes or a no, not a raw boolean
     titles = {t["field"]: t["title"] for t in tips}
-    assert titles["y_text"] == "p99 TTFT" and titles["p99_tpot_ms"] == "p99 TPOT (ms)"
+    assert titles["y_text"] == "p99 TTFT" and titles["tpot_text"] == "p99 TPOT" and "p99_tpot_ms" not in titles
+    calcs = {c["as"]: c["calculate"] for c in walk(spec, "transform") for c in c if "calculate" in c}
+    assert calcs["tpot_text"] == viz.duration_text("p99_tpot_ms")  # "9.80 ms": each duration by the book's rule
     assert titles["max_num_seqs"] == "max_num_seqs (sequences)"
 
 
@@ -233,6 +235,7 @@ def test_two_knobs_chart_rate_colours_are_distinct_okabe_ito(df):
     colour = spec["vconcat"][1]["layer"][0]["encoding"]["color"]
     assert colour["field"] == "rate_req_s"
     assert colour["scale"]["domain"] == [5.0, 10.0]  # every rate, so a rate keeps its colour when shown alone
+    assert colour["legend"]["labelExpr"] == "format(toNumber(datum.value), '.1f')"  # "25.0", as the buttons say
     assert colour["scale"]["range"] == chapter.RATE_COLORS[:2]
     first4 = chapter.RATE_COLORS[:4]
     assert set(first4) <= set(bl.viz.PALETTE) and len(set(first4)) == 4
