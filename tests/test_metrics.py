@@ -257,3 +257,45 @@ def test_prefix_cache_hit_rate_is_cached_over_prompt_tokens(cost8b):
     res = bl.simulate(r, "chunked", cost8b)
     assert res.requests["cached_tokens"].tolist() == [0, 48]
     assert res.summary()["prefix_cache_hit_rate"] == 48 / 128
+
+
+# 1, 2, ..., 100 ms in a shuffled order, and what NumPy's linear rule (np.percentile's default) makes of them by
+# hand: rank (n - 1) q / 100 = 49.5, 89.1 and 98.01 between the order statistics k + 1 and k + 2 ms.
+SPREAD_MS = np.random.default_rng(3).permutation(np.arange(1, 101)).astype(float)
+SPREAD_STATS = {"mean": 50.5, "median": 50.5, "p90": 90.1, "p99": 99.01}
+
+
+def test_every_percentile_key_on_spread_values_by_hand():
+    """Each percentile key is its own percentile: on spread values p99, p90 and the median are far apart, so a key
+    read at another percentile (p99 taken as p95 would be 95.05 ms) fails here, whatever the shipped tables say."""
+    want = {f"{k}_ttft_ms": v for k, v in SPREAD_STATS.items()}
+    assert metrics.sample_stats("ttft", SPREAD_MS / 1e3) == pytest.approx(want, rel=1e-12)
+
+
+def test_summary_reads_every_latency_percentile_by_hand():
+    """summary() on requests whose TTFT, TPOT and end-to-end latency are 1 to 100 ms (and 10 to 1,000 ms): every
+    mean, median, p90 and p99 key is the hand-worked value."""
+    n = SPREAD_MS.size
+    ttft = SPREAD_MS / 1e3
+    tpot = SPREAD_MS / 1e3 / 2
+    out = np.full(n, 11)  # ten gaps of tpot after the first token
+    requests = {"rejected": np.zeros(n, bool), "arrival_s": np.zeros(n), "prompt_tokens": np.full(n, 8),
+                "output_tokens": out, "padded_tokens": np.zeros(n, int), "cached_tokens": np.zeros(n, int),
+                "preemptions": np.zeros(n, int), "ttft_s": ttft, "tpot_s": tpot, "e2el_s": ttft + 10 * tpot,
+                "finish_s": ttft + 10 * tpot}
+    s = metrics.summary(requests, {}, busy_s=0.0)
+    for metric, scale in (("ttft", 1.0), ("tpot", 0.5), ("e2el", 6.0)):
+        for key, value in SPREAD_STATS.items():
+            assert s[f"{key}_{metric}_ms"] == pytest.approx(value * scale, rel=1e-12), (metric, key)
+
+
+def test_itl_histogram_reads_spread_gaps_exactly():
+    """Gaps of 1 to 100 ms each fall in a bin of their own, so the histogram's percentiles are the exact ones."""
+    from batchlab._kernels import ITL_BINS
+    from batchlab._kernels.gaps import add_gaps
+
+    itl, totals = np.zeros((ITL_BINS, 4)), np.zeros(8)
+    for gap_ms in SPREAD_MS:
+        add_gaps(itl, totals, gap_ms / 1e3, 1.0)
+    want = {f"{k}_itl_ms": v for k, v in SPREAD_STATS.items()}
+    assert metrics.histogram_stats("itl", itl) == pytest.approx(want, rel=1e-12)
