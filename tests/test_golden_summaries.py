@@ -116,10 +116,20 @@ def _default_rule_summaries() -> dict:
     return out
 
 
-@pytest.mark.parametrize("key", sorted(json.loads(GOLDEN.read_text())) if GOLDEN.is_file() else [])
+@pytest.mark.parametrize("key", [f"{w}/{c}" for w in WORKLOADS for c in CONFIGS])
 def test_summary_unchanged(key, summaries):
-    golden = json.loads(GOLDEN.read_text())[key]
-    assert {k: summaries[key][k] for k in golden} == golden
+    """Parametrized over the configurations, not over the file: a missing file or entry fails, never skips."""
+    assert GOLDEN.is_file(), f"{GOLDEN} is missing: run this file with --write"
+    golden = json.loads(GOLDEN.read_text())
+    assert key in golden, f"{key} is not in {GOLDEN.name}: run this file with --write"
+    assert golden[key] and {k: summaries[key][k] for k in golden[key]} == golden[key]
+
+
+def test_the_golden_files_hold_exactly_the_grid():
+    """No stale entry either: each file's keys are its grid's (a configuration renamed leaves none behind)."""
+    assert sorted(json.loads(GOLDEN.read_text())) == sorted(f"{w}/{c}" for w in WORKLOADS for c in CONFIGS)
+    assert sorted(json.loads(GOLDEN_DEFAULT_RULES.read_text())) == sorted(
+        f"{w}/{c}" for w in WORKLOADS for c in DEFAULT_RULE_CONFIGS)
 
 
 @pytest.fixture(scope="module")
