@@ -4,6 +4,7 @@ The fit reads the compact table committed in data/measured_timings.csv.gz, so th
 the repository. That the compact table holds exactly the raw public files' numbers, and that a fit on the raw
 files is the same fit, is checked in test_measured_timings.py (those tests need the raw files).
 """
+import importlib
 import subprocess
 import sys
 
@@ -90,17 +91,27 @@ def test_fitted_values(cal):
     assert cal.overhead_s == 32 * (4 * f.gemm_s + f.decode_attn_s + 5 * f.elementwise_s)
 
 
+def _inside(value, low, high, margin=0.01):
+    """Strictly inside [low, high], by ``margin`` of the range: a fitted value pinned at a bound is the fit
+    failing (the bounds alone already guarantee low <= value <= high)."""
+    span = high - low
+    return low + margin * span < value < high - margin * span
+
+
 def test_fitted_values_are_physical(cal):
+    fit = importlib.import_module("batchlab.calibrate.fit")  # the module (the package's `fit` is its function)
+    eta_low, eta_high = 0.02, 1.0  # the efficiencies' bounds in fit._fit_kernels
     for name in ("eta_compute", "eta_memory", "eta_attn", "eta_elementwise"):
-        assert 0 < getattr(cal, name) <= 1, name
+        assert _inside(getattr(cal, name), eta_low, eta_high), name
     for name, value in cal.own._asdict().items():
-        assert 0 < value <= 1, name
-    assert cal.overhead_s >= 0 and cal.allreduce_latency_s >= 0
+        assert _inside(value, eta_low, eta_high), name
+    assert _inside(cal.allreduce_latency_s * 1e6, 0.0, 1000.0)  # fit._fit_allreduce's bounds, in us
+    assert cal.overhead_s > 0
     # Eager PyTorch reaches a smaller share of the hardware than vLLM's fused kernels do.
     assert cal.own.eager_eta_attn < cal.eta_attn and cal.own.eager_eta_elementwise < cal.eta_elementwise
     # Kernel floors are microseconds, and none is stuck at the fit's bounds.
     for name, value in cal.floors._asdict().items():
-        assert 0 < value < 100e-6, name
+        assert _inside(value * 1e6, 0.0, fit._FLOOR_UPPER_US) and value < 100e-6, name
     # A fit that fell back to the starting values would leave them unchanged.
     assert (cal.eta_compute, cal.eta_memory, cal.eta_attn) != (0.6, 0.8, 0.5)
 
