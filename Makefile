@@ -43,13 +43,13 @@ test: lint unit nbval browser
 # MUTATE_PATHS=batchlab mutates the whole package in two strata (kernels JIT off, the rest JIT on with the broad
 # tests; hours unless sampled). MUTATE_SAMPLE=N scores a random sample of N mutants (95 % interval), MUTATE_SEED=S
 # its seed (default 0), MUTATE_REV=REV mutates the tracked files of commit REV ("before" scores); empty = off.
-# Scores and survivors: tests/MUTANTS.md.
+# Scores and survivors: scripts/MUTANTS.md.
 MUTATE_PATHS ?= batchlab/metrics.py batchlab/cost.py batchlab/_kernels/cost.py
 MUTATE_SAMPLE ?=
 MUTATE_SEED ?= 0
 MUTATE_REV ?=
 mutate: $(VENV)/.installed
-	$(PY) tests/mutate.py $(MUTATE_PATHS) $(if $(MUTATE_SAMPLE),--sample $(MUTATE_SAMPLE) --seed $(MUTATE_SEED)) $(if $(MUTATE_REV),--rev $(MUTATE_REV))
+	$(PY) scripts/mutate.py $(MUTATE_PATHS) $(if $(MUTATE_SAMPLE),--sample $(MUTATE_SAMPLE) --seed $(MUTATE_SEED)) $(if $(MUTATE_REV),--rev $(MUTATE_REV))
 
 bench: $(VENV)/.installed
 	$(PY) benchmarks/bench_simulate.py

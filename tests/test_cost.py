@@ -235,7 +235,7 @@ def test_batch_for_step_time_is_the_closest_batch(cost8b):  # chapter 14, claim 
         cost8b.batch_for_step_time(0.001, 2048)  # faster than one sequence's step
 
 
-# -- cases that kill the surviving mutants of cost.py (tests/MUTANTS.md) --------------------------------------
+# -- cases that kill the surviving mutants of cost.py (scripts/MUTANTS.md) --------------------------------------
 @pytest.mark.parametrize("tp", [2, 4])
 def test_tensor_parallel_flops_and_allreduces_by_hand(h100, tp):
     """Per GPU, every FLOP term is divided by t; each layer adds two ring all-reduces of 2 (t-1)/t of the

@@ -216,7 +216,7 @@ def test_fp8_compute_util_is_bounded_by_its_efficiencies(cost70b_fp8):
     assert (st.compute_util <= max(cost70b_fp8.eta_compute, cost70b_fp8.eta_attn) + 1e-9).all()
 
 
-# -- cases that kill the surviving mutants of metrics.py (tests/MUTANTS.md) -----------------------------------
+# -- cases that kill the surviving mutants of metrics.py (scripts/MUTANTS.md) -----------------------------------
 def test_per_request_latencies_by_hand():
     """Arrivals 1 and 2 s, scheduled 1.5 and 2 s, first tokens 2 and 3 s, finishes 5 and 3 s, outputs of 4 and 1
     and 2 tokens: queue 0.5 and 0; TTFT 1 and 1; TPOT (5 - 2) / 3 = 1, NaN for one token, (4 - 3.5) / 1 = 0.5

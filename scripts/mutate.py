@@ -1,6 +1,6 @@
 """Mutation testing of batchlab with mutmut 3, in a scratch copy of the tree (``make mutate``; not in CI).
 
-    python tests/mutate.py [PATH ...] [--tests TEST ...] [--workdir DIR] [--max-children N]
+    python scripts/mutate.py [PATH ...] [--tests TEST ...] [--workdir DIR] [--max-children N]
                            [--strata] [--sample N] [--seed S] [--rev REV]
 
 PATHs are files or folders under ``batchlab/`` (default: :data:`DEFAULT_PATHS`, the metrics, the cost model and the
@@ -50,7 +50,7 @@ skipped, suspicious, interrupted) is reported as not counted. Score = killed / (
 Outputs: ``DIR/mutation-score.txt`` (per-file lines, one line per stratum, and the combined line), with
 ``--sample`` also ``DIR/sample.txt`` (every sampled mutant with its stratum and status).
 
-``@property`` and ``@cached_property`` methods are decorated too, so mutmut leaves them alone (tests/MUTANTS.md
+``@property`` and ``@cached_property`` methods are decorated too, so mutmut leaves them alone (scripts/MUTANTS.md
 lists what that leaves out).
 """
 from __future__ import annotations
