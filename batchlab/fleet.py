@@ -18,7 +18,7 @@ from ._kernels import (REQ_CACHED, REQ_COMPUTED, REQ_OUTPUT, REQ_PREEMPT, REQ_RE
                        RULE_STOP_UNFIT, RULE_THRESHOLD_ALONE, STATUS_OK, TIME_FINISH, TIME_FIRST, TIME_RELEASE,
                        TIME_SCHED, TIME_SENT, TOTAL_BUSY_S, fleet_kernel)
 from .cost import CostModel
-from .result import KernelOutput, SimResult
+from .result import PROGRESS_GUARD, KernelOutput, SimResult
 from .sim import _CHUNKED_SWITCHES, _KNOB_POLICIES, _resolve_knobs
 from .workload import Requests
 
@@ -224,7 +224,7 @@ def _run(requests, cost, n_engines, n_prefill, router, link, knobs, block_size, 
         resolved["block_size"], max_model_len, prefix_ids, requests.prefix_offsets, requests.prefix_block_tokens,
         record_tokens, record_schedule, n_engines, n_prefill, ROUTERS.index(router), transfer_s)
     if raw[0] != STATUS_OK:
-        raise RuntimeError("an engine's loop could not schedule anything yet has unfinished requests (a bug)")
+        raise RuntimeError(PROGRESS_GUARD)
     generated = np.asarray(output, np.int64)
     assert np.array_equal(raw[3][:, REQ_OUTPUT], generated)  # the decode (or only) table holds the outputs
     return FleetResult(requests, cost, resolved, router, n_prefill, n_engines - n_prefill, link, generated,

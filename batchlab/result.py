@@ -14,10 +14,15 @@ from ._kernels import (KIND_NAMES, REJECT_BUDGET, REJECT_KV, REJECT_MODEL_LEN, R
                        TOTAL_BUSY_S, TOTAL_SEQ_STEPS, TOTAL_STEPS)
 
 
+# What simulate and the fleet raise when a loop returns STATUS_STUCK (batchlab._kernels.engine._run_until).
+PROGRESS_GUARD = ("the scheduler loop made no progress (its progress guard: an iteration scheduled rows but "
+                  "computed no token, or nothing could be scheduled while requests waited): a bug")
+
+
 class KernelOutput(NamedTuple):
     """What :func:`batchlab._kernels.simulate_kernel` returns, by name (per-request arrays: one entry a request)."""
 
-    status: int  # STATUS_OK, or STATUS_STUCK if the loop found nothing to schedule (a bug)
+    status: int  # STATUS_OK, or STATUS_STUCK if the loop made no progress (PROGRESS_GUARD; a bug)
     first_token_s: np.ndarray  # s, emission of the first output token (NaN: never)
     finish_s: np.ndarray  # s, emission of the last output token
     scheduled_s: np.ndarray  # s, first time the request was scheduled

@@ -13,7 +13,7 @@ from ._kernels import (POLICIES, RULE_ASYNC, RULE_CHUNKING, RULE_PREFIX_CACHE, R
                        RULE_THRESHOLD_ALONE, STATUS_OK, simulate_kernel)
 from .cost import CostModel
 from .hardware import GiB
-from .result import KernelOutput, SimResult
+from .result import PROGRESS_GUARD, KernelOutput, SimResult
 from .workload import Requests
 
 POLICY_CODE = {name: i for i, name in enumerate(POLICIES)}
@@ -309,5 +309,5 @@ def simulate(requests, policy: str, cost, *, batch_size=None, max_queue_delay_s=
     )
     out = KernelOutput(*raw)
     if out.status != STATUS_OK:
-        raise RuntimeError("the scheduler loop could not schedule anything yet has unfinished requests (a bug)")
+        raise RuntimeError(PROGRESS_GUARD)
     return SimResult(requests, policy, cost, dict(knobs), out, record, output, record_tokens)

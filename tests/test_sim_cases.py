@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 import batchlab as bl
+from batchlab.result import PROGRESS_GUARD
 
 
 @pytest.fixture(scope="module")
@@ -203,3 +204,38 @@ def test_records_that_outgrow_their_first_room_keep_every_row(cost8b, knobs):
         assert tokens[r][-1] == res.requests.finish_s.iloc[r]
     if not knobs.get("enable_chunked_prefill", True):
         assert (sched.kind == "preempt").any()
+
+
+_PLANTED_WHOLE_HIT = """
+import batchlab as bl
+from batchlab._kernels import kvcache
+
+real = kvcache.longest_hit
+# the bug: a prefix hit may cover the whole prompt (vLLM caps it at num_tokens - 1), so the second request has
+# nothing to compute and, without the guard, the loop would schedule it forever
+kvcache.longest_hit = lambda req, r, n_tokens, *rest: real(req, r, n_tokens + 1, *rest)
+reqs = bl.Requests([0.0, 5.0], [32, 32], [4, 4], prefix_blocks=[[1, 2], [1, 2]])
+cost = bl.CostModel(bl.get_hardware("h100-sxm"), bl.get_model("llama-3-8b"))
+try:
+    bl.simulate(reqs, "chunked", cost, record_tokens=False)
+except RuntimeError as e:
+    print(e)
+else:
+    print("no error")
+"""
+
+
+def test_a_loop_that_cannot_progress_fails_fast_naming_its_guard():
+    """With the prefix-hit cap planted away (kernels as plain Python, so the planted function is the one called),
+    the second of two identical 32-token prompts finds both blocks cached and has nothing to compute: the loop's
+    progress guard stops it at the first iteration that computes no token, and simulate names the guard, instead
+    of the loop spinning until the test runner is killed."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, NUMBA_DISABLE_JIT="1")
+    done = subprocess.run([sys.executable, "-c", _PLANTED_WHOLE_HIT], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == PROGRESS_GUARD, done.stdout

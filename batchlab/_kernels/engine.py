@@ -202,6 +202,12 @@ def _run_until(engine, steps, sched, risky, live, req, times, tok_times, prefix_
             _settle_last(run, run_t, 0, lo, step, prev_end, tok_times)
         prefill_tokens, decode_seqs, attn_work, cached, sampled, first_done, n_next, n_gaps, n_events = _run_scheduled(
             run, run_t, lo, hi, step, prev_end, tok_times, gap_t, gap_req, events)
+        if prefill_tokens + decode_seqs == 0:
+            # The progress guard: rows were scheduled but not one token computed, so the next iteration would be
+            # this one again (a loop that spins, with time running on). vLLM never schedules a request with
+            # nothing to compute (a full prefix hit leaves its last token to compute: kvcache.longest_hit).
+            status = STATUS_STUCK
+            break
         dur, _g, _a, _c, _e, _l, _u, flops, nbytes, bound = step_cost(
             coef, decode_seqs + prefill_tokens, attn_work, cached, sampled, n_scheduled, asynchronous)
         if record_steps:
