@@ -537,25 +537,6 @@ def gantt_frame(res, label: str | None = None) -> pd.DataFrame:
     return df.assign(policy=label or res.policy).reset_index(drop=True)
 
 
-def steps_frame(res, label: str | None = None) -> pd.DataFrame:
-    """``res.steps`` with ``step``, ``end_s``, ``step_time_ms`` and a ``policy`` column, for occupancy charts."""
-    df = res.steps.reset_index()
-    df["end_s"] = df["start_s"] + df["duration_s"]
-    df["step_time_ms"] = df["duration_s"] * 1e3
-    return df.assign(policy=label or res.policy)
-
-
-def itl_frame(res, requests=None) -> pd.DataFrame:
-    """Every inter-token gap: ``request``, ``token`` (index of the later token), ``time_s`` (its emission),
-    ``itl_ms``. ``requests`` picks some request indices (default: all completed)."""
-    keep = ~res.requests["rejected"].to_numpy()
-    chosen = np.flatnonzero(keep) if requests is None else np.asarray(requests)
-    parts = [pd.DataFrame({"request": i, "token": np.arange(1, t.size), "time_s": t[1:], "itl_ms": np.diff(t) * 1e3})
-             for i in chosen if (t := res.token_times[i]).size > 1]
-    cols = ["request", "token", "time_s", "itl_ms"]
-    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=cols)
-
-
 # -- controls and axes shared by chapters -------------------------------------------------------------------
 def choice_param(name: str, options, label: str | None = None, field: str | None = None, value=None):
     """A parameter bound to a select box over string ``options``, and the filter for rows that match.
@@ -593,7 +574,8 @@ def itl_timeline_chart(df: pd.DataFrame, color: str = "request"):
     Parameters
     ----------
     df : DataFrame
-        :func:`itl_frame`: ``time_s`` (s), ``itl_ms`` (ms), ``request``; extra columns go to the tooltip.
+        ``time_s`` (s, each gap's later token), ``itl_ms`` (ms), ``request`` (chapter 6 passes
+        :func:`batchlab.chapters.scenes.decoder_gaps`); extra columns go to the tooltip.
     color : str
         Column coloring the points (no legend past ten values); ignored when absent.
     """

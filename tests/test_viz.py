@@ -58,26 +58,23 @@ def test_gantt_frame_phases_tile_each_request(runs):
     assert (df["policy"] == "static").all()
 
 
-def test_steps_frame_adds_end_and_milliseconds(runs):
-    steps = pd.concat([viz.steps_frame(r, label=r.policy) for r in runs], ignore_index=True)
-    assert np.allclose(steps["end_s"], steps["start_s"] + steps["duration_s"])
-    assert np.allclose(steps["step_time_ms"], steps["duration_s"] * 1e3)
-    assert steps["policy"].tolist() == [r.policy for r in runs for _ in range(len(r.steps))]
+def _gaps(res) -> pd.DataFrame:
+    """Every inter-token gap of a run: request, the later token's time (s), the gap (ms)."""
+    parts = [pd.DataFrame({"request": i, "time_s": t[1:], "itl_ms": np.diff(t) * 1e3})
+             for i, t in enumerate(res.token_times) if t.size > 1]
+    return pd.concat(parts, ignore_index=True)
 
 
-def test_itl_frame_holds_every_gap(runs):
-    res = runs[1]
-    df = viz.itl_frame(res)
-    assert np.allclose(np.sort(df["itl_ms"].to_numpy()), np.sort(res.itl_s() * 1e3))
-    some = viz.itl_frame(res, requests=[0, 2])
-    assert set(some["request"]) == {0, 2}
+def test_itl_timeline_chart(runs):
+    df = _gaps(runs[1])
+    assert np.allclose(np.sort(df["itl_ms"].to_numpy()), np.sort(runs[1].itl_s() * 1e3))
     spec = spec_of(viz.itl_timeline_chart(df))
     assert marks(spec) == {"circle"}
     assert spec["encoding"]["y"]["title"] == "inter-token latency (ms)" and spec["encoding"]["x"]["field"] == "time_s"
 
 
 def test_axis_titles_are_lowercase(runs):
-    charts = [viz.itl_timeline_chart(viz.itl_frame(runs[2]))]  # each chapter's charts: tests/chapters/
+    charts = [viz.itl_timeline_chart(_gaps(runs[2]))]  # each chapter's charts: tests/chapters/
     for chart in charts:
         spec = spec_of(chart)
         assert "title" not in spec, "captions belong to the page"
