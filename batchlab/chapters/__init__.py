@@ -8,8 +8,8 @@ Numbers and verdicts that more than one page states come from :mod:`batchlab.cha
 the settings they come from (model, GPU, traffic, load) from :mod:`batchlab.chapters.scenes`.
 
 :data:`CHAPTERS` is the reading order: the notebook of chapter ``n`` is ``notebooks/{n:02d}_{slug}.ipynb`` and
-the book's sidebar numbers it ``n`` (the tests check all three agree). The modules are not imported here:
-importing one chapter loads only what it needs.
+the book's sidebar numbers it ``n`` (the tests check all three agree). :data:`SHARED` names the other modules.
+The modules are not imported here: importing one chapter loads only what it needs.
 """
 from __future__ import annotations
 
@@ -28,6 +28,14 @@ CHAPTERS = {  # slug -> chapter number; the module batchlab.chapters.<slug> hold
     "cheat_sheet": 12,  # the book's advice: symptom, knob, effect, each row linked to its chart
     "validation": 13,  # the cost model and the whole server against measured H100 kernels and vLLM runs
     "fact_check": 14,  # the article's quantitative claims, recomputed, one verdict each
+}
+
+SHARED = {  # the package's other modules: what several chapters read, or one chapter's part of its own
+    "facts": "every number or verdict more than one page states, computed once, with the checks on the pages",
+    "scenes": "the named settings every fact comes from (model, GPU, traffic, load), and the long-prompt scene",
+    "verdicts": "one verdict per claim of the article, read by every chapter that states it",
+    "iteration_picker": "chapter 7's iteration picker: one iteration's rows and where its time goes",
+    "validation_e2e": "chapter 13's whole-server part (re-exported by batchlab.chapters.validation)",
 }
 
 

@@ -45,3 +45,12 @@ def test_link_names_the_chapter_by_number():
     assert link("chunked_prefill") == '<a href="06_chunked_prefill.html">chapter 6</a>'
     assert link("tuning", "tuning-map", from_book=True) == \
         '<a href="../notebooks/09_tuning.html#tuning-map">chapter 9</a>'
+
+
+def test_every_module_of_the_package_is_a_chapter_or_named_as_shared():
+    from batchlab.chapters import SHARED
+
+    modules = sorted(p.stem for p in (ROOT / "batchlab" / "chapters").glob("*.py") if p.stem != "__init__")
+    assert modules == sorted([*CHAPTERS, *SHARED]) and not set(CHAPTERS) & set(SHARED)
+    for name in SHARED:
+        assert importlib.import_module(f"batchlab.chapters.{name}").__doc__, name
