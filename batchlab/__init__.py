@@ -11,7 +11,6 @@ from .workload import preset, preset_names, trace_stats
 from .datasets import replay
 from .fleet import FleetResult, simulate_disaggregated, simulate_fleet, transfer_times
 from .tune import SLO, max_rate, parse_goodput, tune
-from . import validate as validate  # end-to-end calibration runs and their replay (issue 11)
 
 VLLM_VERSION = "0.33.0"  # the vLLM whose scheduler rules and defaults policy "chunked" follows (DESIGN section 4c)
 VLLM_RELEASED = "2 November 2026"  # when VLLM_VERSION was published (its sdist's upload to PyPI)
@@ -25,3 +24,17 @@ __all__ = [
     "max_rate", "tune", "FleetResult", "simulate_fleet", "simulate_disaggregated", "transfer_times",
 ]
 __version__ = "0.1.0"
+
+_LAZY = ("validate", "calibrate")  # loaded when first used: they bring scipy.optimize (0.3 s) to every import
+
+
+def __getattr__(name):
+    """``bl.validate`` and ``bl.calibrate`` (end-to-end runs and their replay; the cost model's fit), imported on
+    first use, so ``import batchlab``, and with it every sweep worker, does not load SciPy's optimisers."""
+    if name in _LAZY:
+        import importlib
+
+        module = importlib.import_module(f".{name}", __name__)
+        globals()[name] = module
+        return module
+    raise AttributeError(f"module 'batchlab' has no attribute {name!r}")

@@ -97,3 +97,19 @@ def test_function_sizes():
     largest = max(lengths, key=lengths.get)
     print(f"largest function: {largest}, {lengths[largest]} lines (limit {MAX_FUNCTION_LINES})")
     assert lengths[largest] <= MAX_FUNCTION_LINES, {k: v for k, v in lengths.items() if v > MAX_FUNCTION_LINES}
+
+
+def test_import_batchlab_leaves_the_fit_and_the_replays_unloaded():
+    """``import batchlab`` (every sweep worker's first line) loads neither SciPy's optimisers nor the calibration
+    and validation packages that need them; ``bl.validate`` and ``bl.calibrate`` load on first use."""
+    import subprocess
+    import sys
+
+    code = ("import sys, batchlab as bl\n"
+            "heavy = sorted(m for m in sys.modules if m == 'scipy.optimize' or m.startswith(('batchlab.validate',"
+            " 'batchlab.calibrate')))\n"
+            "print(heavy)\n"
+            "print(bl.validate.replay_all.__module__, bl.calibrate.fit.__module__)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
+    assert out[0] == "[]", out[0]
+    assert out[1] == "batchlab.validate.tables batchlab.calibrate.fit", out[1]
