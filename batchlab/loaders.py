@@ -42,7 +42,7 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
-from .workload import Requests, _rng, arrivals_gamma, preset, preset_names, synthetic
+from .workload import Requests, _rng, arrivals_gamma, datetime_offsets_s, preset, preset_names, synthetic
 
 DEFAULT_N_REQUESTS = 1000  # requests drawn from a preset or a synthetic spec when no count is given
 EPOCH_LIKE = 1e8  # arrival numbers above this (3 years in seconds) without a unit are refused
@@ -392,14 +392,12 @@ def _arrival_seconds(df: pd.DataFrame, column: str, time_unit: str | None, where
                              f"{time_unit!r} does not apply; drop it")
         if col.isna().any():
             raise ValueError(f"{where}: arrival column {column!r} is missing in row {int(np.argmax(col.isna()))}")
-        try:  # as UTC: naive times stay as written, offsets are honoured, and only differences matter
-            stamps = pd.to_datetime(col, format="mixed", utc=True)
+        try:  # seconds from the earliest, exact: the reader bl.read_trace uses
+            return datetime_offsets_s(col), "datetime"
         except (ValueError, TypeError, OverflowError):
             sample = col.iloc[0]
             raise ValueError(f"{where}: arrival column {column!r} holds {sample!r}, neither a number nor a date and "
                              f"time; expected seconds (or time_unit=) or datetimes") from None
-        stamps = stamps.dt.tz_localize(None).astype("datetime64[ns]")
-        return stamps.astype("int64").to_numpy() / 1e9, "datetime"
     values = col.to_numpy(dtype=np.float64)
     if not np.isfinite(values).all():
         row = int(np.argmax(~np.isfinite(values)))

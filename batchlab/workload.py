@@ -350,6 +350,19 @@ def _check_count(n_requests) -> None:
 
 # -- traces --------------------------------------------------------------------------------------
 
+def datetime_offsets_s(values) -> np.ndarray:
+    """Seconds from the earliest of ``values`` (datetimes, or text pandas reads as dates and times) to each.
+
+    Exact to the digits the values hold: the differences are taken in integer nanoseconds, whatever resolution
+    pandas infers (``datetime64[us]`` for "10:00:00.250", ``[ns]`` for Azure's seven digits), and only then turned
+    into seconds, never through float epoch seconds (1.7e9 s, whose float spacing is 0.24 us). Naive times are
+    read as written and offsets honoured (as UTC): only differences matter. Raises what pandas raises on text that
+    is not a date. Used by :func:`from_frame` and the command line's loader (:mod:`batchlab.loaders`)."""
+    stamps = pd.to_datetime(pd.Series(values), format="mixed", utc=True)
+    ns = stamps.dt.tz_localize(None).astype("datetime64[ns]").astype("int64").to_numpy()
+    return (ns - ns.min()) / 1e9 if ns.size else np.zeros(0)
+
+
 def from_frame(df: pd.DataFrame, arrival: str, prompt: str, output: str, time_unit: str = "s",
                prefix_blocks: str | None = None, prefix_block_tokens: int = 16) -> Requests:
     """A stream from a table with an arrival column (seconds, ms, ns, or datetimes) and two length columns.
@@ -363,7 +376,7 @@ def from_frame(df: pd.DataFrame, arrival: str, prompt: str, output: str, time_un
             raise ValueError(f"column {col!r} not found; columns are {list(df.columns)}")
     t = df[arrival]
     if time_unit == "datetime" or not pd.api.types.is_numeric_dtype(t):
-        secs = pd.to_datetime(t, format="mixed").astype("int64").to_numpy() / 1e9
+        secs = datetime_offsets_s(t)
     else:
         scale = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
         if time_unit not in scale:

@@ -358,3 +358,22 @@ def test_synthetic_count_given_twice():
 def test_burstiness_with_a_timed_trace(tmp_path):
     refused(write(tmp_path, "t.csv", "time,prompt_tokens,output_tokens\n0,1,1\n"), "t.csv", "burstiness",
             burstiness=0.5)
+
+
+def test_datetime_strings_read_to_the_microsecond_by_every_reader(tmp_path):
+    """Arrivals written as datetime strings with milliseconds (pandas infers datetime64[us] for them) read as 0,
+    0.25 and 1.5 s, exactly, through bl.read_trace (which datasets.replay calls) and through load_workload (the
+    command line's --dataset); before, read_trace gave 0.00025 and 0.0015 (microseconds taken for nanoseconds) and
+    the loader 0.24999976 (through float epoch seconds)."""
+    path = tmp_path / "trace.csv"
+    pd.DataFrame({"timestamp": ["2024-05-01 10:00:01.5", "2024-05-01 10:00:00", "2024-05-01 10:00:00.250",
+                                "2024-05-01 10:00:00.000001"],
+                  "input_tokens": [30, 10, 20, 40], "output_tokens": [3, 1, 2, 4]}).to_csv(path, index=False)
+    want = np.array([0.0, 0.000001, 0.25, 1.5])
+    read = bl.read_trace(path, "timestamp", "input_tokens", "output_tokens", time_unit="datetime")
+    loaded = load_workload(path).requests
+    for reqs in (read, loaded):
+        np.testing.assert_array_equal(reqs.arrival_s, want)
+        np.testing.assert_array_equal(reqs.prompt_tokens, [10, 40, 20, 30])
+    ns = pd.DataFrame({"t": ["2023-11-16 18:15:46.6805900", "2023-11-16 18:15:50.9951690"], "p": [1, 1], "o": [1, 1]})
+    assert bl.from_frame(ns, "t", "p", "o").arrival_s.tolist() == [0.0, 4.314579]  # Azure's seven digits: exact
