@@ -200,7 +200,7 @@ def _rows(n: dict, gpu: str) -> list:
                                     f"ITL ({t['p99_itl_ms']} vs {t['default_p99_itl_ms']})")),
         ("quadratic", "prefill cost is quadratic in prompt length",
          f"Llama-3-8B BF16 at {scenes.PROMPT_TOKENS:,} tokens, any GPU", FAILS if a["share"] < 0.5 else HOLDS,
-         f"attention is {a['share']:.0%} of the prefill's FLOP; it matches the linear GEMMs only at "
+         f"attention is {a['share']:.1%} of the prefill's FLOPs; it matches the linear GEMMs only at "
          f"{a['crossover_tokens']:,.0f} tokens"),
         ("budget_caps", "max_num_batched_tokens caps the prefill tokens of an iteration",
          f"vLLM's chunked scheduler, Llama-3-8B BF16, {on}; the cap counts decode tokens too, which take theirs "
