@@ -110,6 +110,18 @@ def chart_texts(chart) -> list[str]:
     return chart.locator("svg text").all_text_contents()
 
 
+_AXIS_LABELS_JS = """(el, title) => [...el.querySelectorAll('g.role-axis')].filter(a =>
+  [...a.querySelectorAll('g.role-axis-title text')].some(t => t.textContent === title)).map(a =>
+  [...a.querySelectorAll('g.role-axis-label text')].filter(t => t.getAttribute('opacity') !== '0')
+    .map(t => t.textContent))"""
+
+
+def axis_labels(chart, title: str) -> list[list[str]]:
+    """The labels drawn on each axis of the chart titled ``title``: Vega hides an overlapping one with opacity 0,
+    which this leaves out."""
+    return chart.evaluate(_AXIS_LABELS_JS, title)
+
+
 def redrawn(visit: Visit, chart, act) -> None:
     """Do ``act()`` and wait until ``chart``'s svg differs from before (the control redrew it)."""
     before = chart.locator("svg").first.inner_html()

@@ -115,11 +115,6 @@ def test_every_cell_reads_its_goodput_as_the_table_does(page):
         assert f" / {viz.format_rate(row['default_goodput'])} of {viz.format_rate(row['served_req_s'])}" in table
 
 
-_AXIS_LABELS_JS = """(el, title) => [...el.querySelectorAll('g.role-axis')].filter(a =>
-  [...a.querySelectorAll('g.role-axis-title text')].some(t => t.textContent === title)).map(a =>
-  [...a.querySelectorAll('g.role-axis-label text')].filter(t => t.getAttribute('opacity') !== '0')
-    .map(t => t.textContent))"""  # the labels drawn: Vega hides an overlapping one with opacity 0
-
 
 def test_on_a_phone_the_map_names_every_budget(site, browser):
     """At 400 px the map's budget axis labels every column, 8,192 (vLLM's default) among them."""
@@ -127,7 +122,7 @@ def test_on_a_phone_the_map_names_every_budget(site, browser):
     try:
         chart = v.chart(0)
         budgets = sorted(chapter.chapter_grid()[0]["max_num_batched_tokens"].unique())
-        axes = chart.evaluate(_AXIS_LABELS_JS, "max_num_batched_tokens (tokens)")
+        axes = bookpage.axis_labels(chart, "max_num_batched_tokens (tokens)")
         assert axes == [[f"{t:,}" for t in budgets]], axes
         assert not v.errors and not v.warnings, (v.errors, v.warnings)
     finally:

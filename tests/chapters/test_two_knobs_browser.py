@@ -92,11 +92,6 @@ def test_readout_reads_a_queued_run_in_seconds(page):
     assert not [t for t in chart_texts(chart) if re.search(r"\d{2},\d{3}(\.\d+)? ms", t)]  # never "470,264 ms"
 
 
-_AXIS_LABELS_JS = """(el, title) => [...el.querySelectorAll('g.role-axis')].filter(a =>
-  [...a.querySelectorAll('g.role-axis-title text')].some(t => t.textContent === title)).map(a =>
-  [...a.querySelectorAll('g.role-axis-label text')].filter(t => t.getAttribute('opacity') !== '0')
-    .map(t => t.textContent))"""  # the labels drawn: Vega hides an overlapping one with opacity 0
-
 
 def test_on_a_phone_the_grid_names_every_budget_and_vega_warns_of_nothing(site, browser):
     """At 400 px the knob grid's budget axis still labels all eleven columns (8,192 and 16,384 among them: the
@@ -106,10 +101,10 @@ def test_on_a_phone_the_grid_names_every_budget_and_vega_warns_of_nothing(site, 
     try:
         chart = v.chart(0)
         want = [f"{t:,}" for t in chapter.MAX_NUM_BATCHED_TOKENS]
-        axes = chart.evaluate(_AXIS_LABELS_JS, "max_num_batched_tokens (tokens)")
+        axes = bookpage.axis_labels(chart, "max_num_batched_tokens (tokens)")
         assert axes == [want], axes
         redrawn(v, chart, lambda: _rate_buttons(chart).nth(0).check())
-        assert chart.evaluate(_AXIS_LABELS_JS, "max_num_batched_tokens (tokens)") == [want]
+        assert bookpage.axis_labels(chart, "max_num_batched_tokens (tokens)") == [want]
         assert not v.warnings and not v.errors, (v.warnings, v.errors)
     finally:
         v.close()
