@@ -3,7 +3,8 @@ from .cost import CostModel, StepBreakdown
 from .hardware import Hardware, get_hardware, hardware_names
 from .models import ModelSpec, get_model, model_names
 from .result import SimResult
-from .sim import POLICIES, simulate, vllm_defaults
+from .sim import POLICIES, simulate
+from .vllm import VLLM_RELEASED, VLLM_VERSION, vllm_defaults
 from .sweep import expand_grid, is_dominated, pareto_front, sweep
 from .workload import (Requests, arrivals_gamma, arrivals_poisson, fixed, from_frame, lengths_empirical,
                        lengths_lognormal, lengths_uniform, multi_turn, read_trace, shared_prefix, synthetic)
@@ -11,9 +12,6 @@ from .workload import preset, preset_names, trace_stats
 from .datasets import replay
 from .fleet import FleetResult, simulate_disaggregated, simulate_fleet, transfer_times
 from .tune import SLO, max_rate, parse_goodput, tune
-
-VLLM_VERSION = "0.33.0"  # the vLLM whose scheduler rules and defaults policy "chunked" follows (DESIGN section 4c)
-VLLM_RELEASED = "2 November 2026"  # when VLLM_VERSION was published (its sdist's upload to PyPI)
 
 __all__ = [
     "VLLM_VERSION", "VLLM_RELEASED", "CostModel", "StepBreakdown", "Hardware", "get_hardware", "hardware_names",

@@ -37,6 +37,9 @@ from pathlib import Path
 
 import numpy as np
 
+from . import __version__
+from .vllm import GPU_MEMORY_UTILIZATION, VLLM_VERSION
+
 LATENCY_METRICS = {  # vLLM's metric name -> (printed name, section header), as in vllm/benchmarks/serve.py
     "ttft": ("TTFT", "Time to First Token"),
     "tpot": ("TPOT", "Time per Output Token (excl. 1st token)"),
@@ -202,7 +205,8 @@ def _common_flags(p: argparse.ArgumentParser) -> None:
     eng.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default="auto", help="KV cache type")
     eng.add_argument("--max-num-seqs", type=_positive_int, help="default: vLLM's for the GPU")
     eng.add_argument("--max-num-batched-tokens", type=_positive_int, help="default: vLLM's for the GPU")
-    eng.add_argument("--gpu-memory-utilization", type=_fraction, help="default 0.92 (vLLM 0.33)")
+    eng.add_argument("--gpu-memory-utilization", type=_fraction,
+                     help=f"default {GPU_MEMORY_UTILIZATION} (vLLM {VLLM_VERSION})")
     eng.add_argument("--max-model-len", type=_positive_int, help="default: the model's context length")
     eng.add_argument("--long-prefill-token-threshold", type=_nonnegative_int, help="default 0 (none)")
     eng.add_argument("--block-size", type=_positive_int, default=16, help="tokens per KV block (default 16)")
@@ -269,7 +273,6 @@ def _knobs(args) -> dict:
 
 
 def _preamble(args, cost, workload, knobs) -> None:
-    from . import VLLM_VERSION, __version__
     named = "" if args.model_id == args.model else f" (from {args.model_id})"
     print(f"batchlab {__version__}: vLLM {VLLM_VERSION}'s scheduler on an analytic cost model (no GPU used)")
     print(f"Model: {args.model}{named}, {cost.dtype} weights, {cost.kv_dtype} KV cache; GPU: {args.gpu} x "
@@ -320,7 +323,6 @@ def _metric_stats(res, summary: dict, metric: str, percentiles: list[float]) -> 
 
 def bench_result(res, workload, args, slo) -> dict:
     """The ``vllm bench serve`` result dict of one simulated run (keys in the module docstring)."""
-    from . import VLLM_VERSION, __version__
     summary = res.summary()
     reqs = res.requests
     done = ~reqs["rejected"].to_numpy()
@@ -524,7 +526,6 @@ def run_tune(args) -> int:
     n_refused = int(found.table["vllm_refuses"].sum())
     print_tuning(found, slo, len(found.table), n_refused)
     if args.save_result:
-        from . import VLLM_VERSION, __version__
         rate = workload.request_rate
         result = {
             "date": datetime.now().strftime("%Y%m%d-%H%M%S"), "backend": "batchlab", "model_id": args.model_id,

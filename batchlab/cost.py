@@ -51,14 +51,10 @@ from .models import BYTES_PER_ELEMENT, ModelSpec
 from . import _kernels as k
 from . import _validate
 from ._kernels import step_cost
+from . import vllm
+from .vllm import VLLM_SEQS, VLLM_TOKENS
 
 ACTIVATION_BYTES = 2  # activations travel between GPUs in BF16
-# Non-torch (NCCL, cuBLAS workspaces) and CUDA-graph memory vLLM keeps out of the KV cache, bytes per GPU: what is
-# left of the one published KV pool size, 7,463 blocks of 16 tokens for Llama-2-7B on one H100 SXM at
-# gpu_memory_utilization 0.9, max_num_batched_tokens 2048, max_num_seqs 128 (inference-sim's golden dataset,
-# ../shared/data/e2e/inference_sim_training/runs.csv), once weights (13.48 GB) and the profiled activations of
-# CostModel.vllm_reserved_bytes (0.235 GB) are taken: 0.888 GB, rounded down to a block.
-VLLM_FIXED_RESERVED_BYTES = 0.65e9
 
 # Fitted on measured H100 timings by ``python -m batchlab.calibrate`` (data/calibration.csv, data/README.md).
 # Only if that file is absent do DESIGN section 3's starting values apply: they are guesses, not measurements.
@@ -262,35 +258,22 @@ class CostModel:
             coef[k.COEF_COMM_S_PER_STEP] = 2 * m.layers * self.allreduce_latency_s
         return coef
 
-    def vllm_reserved_bytes(self, max_num_batched_tokens: int = 8192, max_num_seqs: int = 1024) -> float:
-        """Bytes per GPU vLLM keeps out of the KV cache besides the weights (vLLM ``determine_available_memory``).
+    def vllm_reserved_bytes(self, max_num_batched_tokens: int = VLLM_TOKENS["large", "serve"],
+                            max_num_seqs: int = VLLM_SEQS["large"]) -> float:
+        """Bytes per GPU vLLM keeps out of the KV cache besides the weights: :func:`batchlab.vllm.reserved_bytes`
+        (vLLM ``determine_available_memory``), which :meth:`kv_pool_blocks` takes."""
+        return vllm.reserved_bytes(self, max_num_batched_tokens, max_num_seqs)
 
-        The peak activation memory of its profiling step of ``max_num_batched_tokens`` tokens (the MLP's
-        gate/up and activation outputs and a few hidden-state copies, BF16) and of its dummy sampler run over
-        ``max_num_seqs`` rows of float32 logits (with one softmax copy), plus :data:`VLLM_FIXED_RESERVED_BYTES`
-        of non-torch and CUDA-graph memory. Used by :meth:`kv_pool_blocks`.
-        """
-        m = self.model
-        per_token = (3 * m.d_ff / self.tp + 4 * m.d_model) * ACTIVATION_BYTES
-        logits = 2 * max_num_seqs * m.vocab / self.tp * 4
-        return max_num_batched_tokens * per_token + logits + VLLM_FIXED_RESERVED_BYTES
-
-    def kv_pool_blocks(self, gpu_memory_utilization: float = 0.92, block_size: int = 16,
-                       max_num_batched_tokens: int = 8192, max_num_seqs: int = 1024) -> int:
-        """KV blocks per GPU as vLLM 0.33 sizes its pool (one of them its null block).
+    def kv_pool_blocks(self, gpu_memory_utilization: float = vllm.GPU_MEMORY_UTILIZATION,
+                       block_size: int = vllm.BLOCK_SIZE, max_num_batched_tokens: int = VLLM_TOKENS["large", "serve"],
+                       max_num_seqs: int = VLLM_SEQS["large"]) -> int:
+        """KV blocks per GPU as vLLM 0.33 sizes its pool, its null block one of them (:func:`.vllm.kv_pool_blocks`).
 
         floor((util * HBM - weights - :meth:`vllm_reserved_bytes`) / (block_size * k)): vLLM profiles a forward
         pass of ``max_num_batched_tokens`` tokens and the CUDA graphs, and gives the KV cache what is left of
-        ``gpu_memory_utilization`` (default 0.92, vLLM 0.33's) of the memory.
+        ``gpu_memory_utilization`` (default 0.92, vLLM 0.33's) of the memory. The defaults are an H100's.
         """
-        gpu_memory_utilization = _validate.real("gpu_memory_utilization", gpu_memory_utilization, 0, 1,
-                                                low_open=True)
-        block_size = _validate.integer("block_size", block_size, 1, 2**16)
-        max_num_batched_tokens = _validate.integer("max_num_batched_tokens", max_num_batched_tokens, 0, 2**40)
-        max_num_seqs = _validate.integer("max_num_seqs", max_num_seqs, 0, 2**40)
-        free = (gpu_memory_utilization * self.hardware.hbm_bytes - self.weight_bytes
-                - self.vllm_reserved_bytes(max_num_batched_tokens, max_num_seqs))
-        return max(int(free // (block_size * self.kv_bytes_per_token)), 0)
+        return vllm.kv_pool_blocks(self, gpu_memory_utilization, block_size, max_num_batched_tokens, max_num_seqs)
 
     # -- step times ---------------------------------------------------------------------------
     def step_breakdown(

@@ -28,6 +28,7 @@ import requests
 
 from . import _validate
 from .workload import Requests, read_trace
+from .vllm import BLOCK_SIZE
 
 ENV_VAR = "BATCHLAB_DATA_DIR"
 DOWNLOAD_TIMEOUT_S = 10.0  # seconds per connect and per read; offline machines fail fast instead of hanging
@@ -44,7 +45,7 @@ class TraceFile(NamedTuple):
     output: str  # column holding output tokens
     time_unit: str  # unit of the arrival column: "datetime", "s", "ms", "us" or "ns"
     prefix_blocks: str | None = None  # column of prefix block ids (hash chain), if the trace has one
-    prefix_block_tokens: int = 16  # tokens per prefix block id
+    prefix_block_tokens: int = BLOCK_SIZE  # tokens per prefix block id
 
 
 _AZURE = "https://raw.githubusercontent.com/Azure/AzurePublicDataset/master/data/"

@@ -15,11 +15,12 @@ import pandas as pd
 
 from . import _validate
 from ._kernels import (REQ_CACHED, REQ_COMPUTED, REQ_OUTPUT, REQ_PREEMPT, REQ_RECOMPUTED, REQ_REJECT, ROUTERS,
-                       RULE_STOP_UNFIT, RULE_THRESHOLD_ALONE, STATUS_OK, TIME_FINISH, TIME_FIRST, TIME_RELEASE,
-                       TIME_SCHED, TIME_SENT, TOTAL_BUSY_S, fleet_kernel)
+                       STATUS_OK, TIME_FINISH, TIME_FIRST, TIME_RELEASE, TIME_SCHED, TIME_SENT, TOTAL_BUSY_S,
+                       fleet_kernel)
 from .cost import CostModel
 from .result import PROGRESS_GUARD, KernelOutput, SimResult
-from .sim import _CHUNKED_SWITCHES, _KNOB_POLICIES, _resolve_knobs
+from .sim import check_inputs
+from .vllm import BLOCK_SIZE, GPU_MEMORY_UTILIZATION, KNOB_POLICIES, prepare
 from .workload import Requests
 
 LINKS = ("nvlink", "network")  # how the KV cache travels from a prefill to a decode instance
@@ -187,10 +188,10 @@ class FleetResult:
 
 
 def _given(knobs: dict) -> dict:
-    given = dict.fromkeys(_KNOB_POLICIES)
+    given = dict.fromkeys(KNOB_POLICIES)
     for name, value in knobs.items():
-        if name not in given or name == "max_concurrency" or "chunked" not in _KNOB_POLICIES[name]:
-            allowed = sorted(k for k, p in _KNOB_POLICIES.items() if "chunked" in p and k != "max_concurrency")
+        if name not in given or name == "max_concurrency" or "chunked" not in KNOB_POLICIES[name]:
+            allowed = sorted(k for k, p in KNOB_POLICIES.items() if "chunked" in p and k != "max_concurrency")
             raise ValueError(f"unknown knob {name!r} for a fleet of chunked engines; allowed: {allowed}")
         given[name] = value
     return given
@@ -198,30 +199,19 @@ def _given(knobs: dict) -> dict:
 
 def _run(requests, cost, n_engines, n_prefill, router, link, knobs, block_size, gpu_memory_utilization,
          num_kv_blocks, record_tokens, record_schedule) -> FleetResult:
-    if not isinstance(requests, Requests):
-        raise ValueError(f"requests must be a batchlab.Requests, got {type(requests).__name__}")
-    if not isinstance(cost, CostModel):
-        raise ValueError("cost must be a batchlab.CostModel")
+    check_inputs(requests, cost)
     _validate.choice("router", router, ROUTERS)
-    resolved = _resolve_knobs(cost, "chunked", _given(knobs), block_size, gpu_memory_utilization, num_kv_blocks)
+    run = prepare(requests, cost, "chunked", _given(knobs), block_size, gpu_memory_utilization, num_kv_blocks)
+    resolved, output, max_model_len = run.knobs, run.output, run.max_model_len
     if router == "prefix_aware" and not resolved["enable_prefix_caching"]:
         raise ValueError("router='prefix_aware' reads the engines' prefix caches: it needs enable_prefix_caching=True")
     record_tokens = _validate.flag("record_tokens", record_tokens, False)
     record_schedule = _validate.flag("record_schedule", record_schedule, False)
-    output = requests.output_tokens
-    max_model_len = resolved["max_model_len"]
-    if max_model_len:  # vLLM clips max_tokens to what the context leaves (a prompt that fills it is rejected)
-        room = max_model_len - requests.prompt_tokens
-        output = np.where(room > 0, np.minimum(output, room), output)
-    rules = RULE_STOP_UNFIT | RULE_THRESHOLD_ALONE
-    for name, bit in _CHUNKED_SWITCHES.items():
-        rules |= bit if resolved[name] else 0
-    prefix_ids = np.unique(requests.prefix_ids, return_inverse=True)[1].astype(np.int64).reshape(-1)
     kv_bytes, transfer_s = transfer_times(cost, requests.prompt_tokens, link or "nvlink")
     raw = fleet_kernel(
-        requests.arrival_s, requests.prompt_tokens, output, cost.coefficients(), rules, resolved["max_num_seqs"],
+        requests.arrival_s, requests.prompt_tokens, output, cost.coefficients(), run.rules, resolved["max_num_seqs"],
         resolved["max_num_batched_tokens"], resolved["long_prefill_token_threshold"], resolved["num_kv_blocks"] - 1,
-        resolved["block_size"], max_model_len, prefix_ids, requests.prefix_offsets, requests.prefix_block_tokens,
+        resolved["block_size"], max_model_len, run.prefix_ids, requests.prefix_offsets, requests.prefix_block_tokens,
         record_tokens, record_schedule, n_engines, n_prefill, ROUTERS.index(router), transfer_s)
     if raw[0] != STATUS_OK:
         raise RuntimeError(PROGRESS_GUARD)
@@ -247,9 +237,10 @@ def transfer_times(cost, prompt_tokens, link: str = "nvlink") -> tuple[np.ndarra
     return kv_bytes, latency + kv_bytes / (bandwidth * cost.tp)
 
 
-def simulate_fleet(requests, cost, n_replicas: int = 2, *, router: str = "least_outstanding", block_size: int = 16,
-                   gpu_memory_utilization: float = 0.92, num_kv_blocks=None, record_tokens: bool = False,
-                   record_schedule: bool = False, **knobs) -> FleetResult:
+def simulate_fleet(requests, cost, n_replicas: int = 2, *, router: str = "least_outstanding",
+                   block_size: int = BLOCK_SIZE, gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
+                   num_kv_blocks=None, record_tokens: bool = False, record_schedule: bool = False,
+                   **knobs) -> FleetResult:
     """``n_replicas`` copies of one vLLM engine behind a router, simulated together.
 
     Parameters
@@ -281,9 +272,9 @@ def simulate_fleet(requests, cost, n_replicas: int = 2, *, router: str = "least_
 
 
 def simulate_disaggregated(requests, cost, n_prefill: int = 1, n_decode: int = 1, *, link: str = "nvlink",
-                           router: str = "least_outstanding", block_size: int = 16,
-                           gpu_memory_utilization: float = 0.92, num_kv_blocks=None, record_tokens: bool = False,
-                           record_schedule: bool = False, **knobs) -> FleetResult:
+                           router: str = "least_outstanding", block_size: int = BLOCK_SIZE,
+                           gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION, num_kv_blocks=None,
+                           record_tokens: bool = False, record_schedule: bool = False, **knobs) -> FleetResult:
     """Disaggregated serving: ``n_prefill`` prefill instances and ``n_decode`` decode instances.
 
     A prefill instance runs vLLM's scheduler on prompts only (chunked, its budget and rules): a request's first

@@ -24,7 +24,8 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
-from .sim import simulate, vllm_defaults
+from .sim import simulate
+from .vllm import vllm_defaults
 from .sweep import pareto_front, sweep
 
 SLO_KEYS = ("ttft", "tpot", "e2el", "itl")  # vLLM's --goodput keys and batchlab's itl, values in ms

@@ -17,6 +17,7 @@ import pandas as pd
 from . import _validate as v
 from ._data import DATA_DIR
 from ._validate import MAX_ARRIVAL_S, MAX_STREAM_TOKENS, MAX_TOKENS
+from .vllm import BLOCK_SIZE
 
 
 def _rng(seed) -> np.random.Generator:
@@ -51,7 +52,7 @@ class Requests:
     prompt_tokens: np.ndarray  # tokens in each prompt, >= 1, int64
     output_tokens: np.ndarray  # tokens each request will generate, >= 1, int64
     prefix_blocks: object = None  # None, or one sequence of integer ids >= 0 per request
-    prefix_block_tokens: int = 16  # tokens per prefix id
+    prefix_block_tokens: int = BLOCK_SIZE  # tokens per prefix id
 
     def __post_init__(self):
         arrival = v.arrival_array(self.arrival_s)
@@ -278,7 +279,7 @@ def _chain_ids(n_tokens: int, block_tokens: int, shared_tokens: int, shared_base
 
 def shared_prefix(n_requests: int, n_groups: int, prompts_per_group: int, system_prompt_tokens: int,
                   question_tokens: int, output_tokens: int, rate_req_s: float = math.inf, arrival_cv: float = 1.0,
-                  seed=0, prefix_block_tokens: int = 16) -> Requests:
+                  seed=0, prefix_block_tokens: int = BLOCK_SIZE) -> Requests:
     """Prompts that share system prompts, as inference-perf's ``shared_prefix`` workload builds them.
 
     ``n_groups`` system prompts of ``system_prompt_tokens`` tokens, each followed by ``prompts_per_group``
@@ -309,7 +310,7 @@ def shared_prefix(n_requests: int, n_groups: int, prompts_per_group: int, system
 
 def multi_turn(n_conversations: int, turns: int, system_prompt_tokens: int, user_tokens: int, output_tokens: int,
                rate_req_s: float = math.inf, turn_gap_s: float = 10.0, shared_system_prompt: bool = True,
-               seed=0, prefix_block_tokens: int = 16) -> Requests:
+               seed=0, prefix_block_tokens: int = BLOCK_SIZE) -> Requests:
     """Chats of ``turns`` turns: each turn's prompt is the previous turn's prompt and answer plus a new message.
 
     Conversation c's turn k asks ``system + (user + answer) * (k - 1) + user`` tokens and gets ``output_tokens``;
@@ -364,7 +365,7 @@ def datetime_offsets_s(values) -> np.ndarray:
 
 
 def from_frame(df: pd.DataFrame, arrival: str, prompt: str, output: str, time_unit: str = "s",
-               prefix_blocks: str | None = None, prefix_block_tokens: int = 16) -> Requests:
+               prefix_blocks: str | None = None, prefix_block_tokens: int = BLOCK_SIZE) -> Requests:
     """A stream from a table with an arrival column (seconds, ms, ns, or datetimes) and two length columns.
 
     Arrivals are shifted so the first is at 0; rows are sorted by arrival (stable, so ties keep file order).
@@ -389,7 +390,7 @@ def from_frame(df: pd.DataFrame, arrival: str, prompt: str, output: str, time_un
 
 
 def read_trace(path, arrival: str, prompt: str, output: str, time_unit: str = "s", prefix_blocks: str | None = None,
-               prefix_block_tokens: int = 16) -> Requests:
+               prefix_block_tokens: int = BLOCK_SIZE) -> Requests:
     """Read a CSV or JSON-lines trace (by extension) into ``Requests``; see :func:`from_frame`."""
     path = Path(path)
     if path.suffix in (".jsonl", ".json"):

@@ -113,3 +113,27 @@ def test_import_batchlab_leaves_the_fit_and_the_replays_unloaded():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
     assert out[0] == "[]", out[0]
     assert out[1] == "batchlab.validate.tables batchlab.calibrate.fit", out[1]
+
+
+def test_vllm_facts_live_in_one_module():
+    """Every fact taken from vLLM is assigned in ``batchlab/vllm.py``: no other module assigns a ``VLLM_*`` name or
+    vLLM's defaults, and the chunked policy's rule bits are named only by the kernels (their values) and by
+    ``vllm.py`` (which option sets which bit)."""
+    facts = {"KNOB_POLICIES", "CHUNKED_SWITCHES", "ALWAYS_ON", "BLOCK_SIZE", "GPU_MEMORY_UTILIZATION"}
+    assigned, rule_users = {}, set()
+    for name, path in _modules().items():
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign):
+                for target in node.targets:
+                    for t in ast.walk(target):
+                        if isinstance(t, ast.Name) and (t.id.startswith("VLLM_") or t.id in facts):
+                            assigned.setdefault(t.id, set()).add(name)
+            if isinstance(node, ast.Name) and node.id.startswith("RULE_"):
+                rule_users.add(name)
+            if isinstance(node, ast.alias) and node.name.startswith("RULE_"):
+                rule_users.add(name)
+    assert set(assigned) >= facts | {"VLLM_VERSION", "VLLM_SEQS", "VLLM_TOKENS", "VLLM_FIXED_RESERVED_BYTES"}
+    elsewhere = {k: v for k, v in assigned.items() if v != {"batchlab.vllm"}}
+    assert not elsewhere, elsewhere
+    assert {m for m in rule_users if not m.startswith("batchlab._kernels")} == {"batchlab.vllm"}, rule_users

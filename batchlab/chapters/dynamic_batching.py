@@ -23,7 +23,8 @@ from .. import viz
 from .._kernels import REJECT_RECOMPUTE
 from .._kernels.cost import serve_time
 from ..metrics import full_batch_fraction, idle_while_waiting_fraction
-from ..sim import simulate, vllm_defaults
+from ..sim import simulate
+from ..vllm import vllm_defaults
 from ..workload import preset
 from . import facts, scenes
 

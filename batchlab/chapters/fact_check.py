@@ -14,7 +14,7 @@ import pandas as pd
 
 from .. import viz
 from ..hardware import GiB
-from ..sim import vllm_defaults
+from ..vllm import vllm_defaults
 from . import scenes
 
 

@@ -17,7 +17,8 @@ import numpy as np
 import pandas as pd
 
 from .. import viz
-from ..sim import seats_for, simulate, vllm_defaults  # noqa: F401 - seats_for: chapter 7 quotes it
+from ..sim import simulate
+from ..vllm import seats_for, vllm_defaults  # noqa: F401 - seats_for: chapter 7 quotes it
 from ..workload import preset
 from . import facts, scenes
 from .iteration_picker import (  # noqa: F401 - the picker's functions, as chapter 7 calls them

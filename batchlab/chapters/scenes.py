@@ -43,7 +43,8 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
-from ..sim import seats_for, simulate, vllm_defaults
+from ..sim import simulate
+from ..vllm import seats_for, vllm_defaults
 from ..workload import Requests
 
 class Scene(NamedTuple):

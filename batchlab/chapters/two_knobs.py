@@ -22,7 +22,8 @@ import pandas as pd
 
 from .. import viz
 from ..hardware import get_hardware
-from ..sim import simulate, vllm_defaults
+from ..sim import simulate
+from ..vllm import vllm_defaults
 from ..sweep import seqs_plateau, sweep, with_frontier
 from ..workload import preset
 from . import facts, scenes

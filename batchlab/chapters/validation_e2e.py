@@ -14,7 +14,7 @@ import pandas as pd
 
 from .. import viz
 from ..models import get_model
-from ..sim import vllm_defaults
+from ..vllm import vllm_defaults
 from ..validate import calibration_runs, replay_all
 from . import scenes
 

@@ -28,7 +28,7 @@ AIC_FILE = "aiconfigurator/silicon_sample_vllm_dense_tp2plus.csv"
 AIC_SOURCE = ("ai-dynamo/aiconfigurator@095f58a5, aic-core/src/aiconfigurator_core/systems/silicon_sample.csv",
               "Apache-2.0")
 TRAINING_LICENCE = "none (facts re-typed)"
-GPU_MEMORY_UTILIZATION = 0.9  # not recorded; what the held-out check assumes (../shared/data/README.md)
+ASSUMED_GPU_MEMORY_UTILIZATION = 0.9  # not recorded; what the held-out check assumes (../shared/data/README.md)
 
 # AIConfigurator rows exported from InferenceX (SemiAnalysis InferenceMAX): provenance "source_file=<date>.csv;
 # model=...; silicon_concurrency=...; measured=...; wip=..." (the Llama-3.1-70B FP8 sweeps measured 2025-10-29:
@@ -109,7 +109,7 @@ def _stage_rows(run: pd.Series, metrics: pd.DataFrame) -> list[dict]:
         "status_note": run["status_note"], "model_id": run["model"], "model": MODEL_NAMES.get(run["model"], ""),
         "hardware": HARDWARE_NAMES.get(run["gpu"], ""), "tp": run["tp"], "dtype": "bf16",
         **{k: run[k] for k in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "num_gpu_blocks")},
-        "gpu_memory_utilization": GPU_MEMORY_UTILIZATION, "stages": run["stages"],
+        "gpu_memory_utilization": ASSUMED_GPU_MEMORY_UTILIZATION, "stages": run["stages"],
         "stage_gap_s": run["stage_gap_interval_s"], "prompts_per_group": run["num_prompts_per_group"],
         **{k: run[k] for k in ("num_groups", "system_prompt_len", "question_len", "output_len")},
         **{f"prompt_tokens_{q}": whole[f"prompt_tokens_{q}"] for q in ("mean",) + PROMPT_QUANTILES},
@@ -151,7 +151,7 @@ def _closed_loop(root: Path) -> pd.DataFrame:
         "tp": aic["tp_size"], "dtype": np.where(fp8, "fp8", "bf16"), "vllm_version": aic["backend_version"],
         "max_num_seqs": np.where(inferencex, concurrency, pd.NA),
         "max_num_batched_tokens": np.where(inferencex, INFERENCEX_BATCHED_TOKENS, pd.NA),
-        "gpu_memory_utilization": GPU_MEMORY_UTILIZATION, "isl": aic["isl"], "osl": aic["osl"],
+        "gpu_memory_utilization": ASSUMED_GPU_MEMORY_UTILIZATION, "isl": aic["isl"], "osl": aic["osl"],
         "concurrency": concurrency,
         "n_requests": np.where(inferencex, INFERENCEX_PROMPTS_PER_CLIENT * concurrency,
                                np.maximum(8 * concurrency, 200)),

@@ -13,7 +13,7 @@ import pandas as pd
 from ..cost import CostModel
 from ..hardware import get_hardware
 from ..models import get_model
-from ..sim import vllm_defaults
+from ..vllm import vllm_defaults
 from .raw import CLOSED_LOOP, INFERENCEX
 from .runs import get_run
 from .streams import BLOCK_TOKENS

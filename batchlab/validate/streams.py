@@ -24,11 +24,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from ..vllm import BLOCK_SIZE
 from ..workload import Requests, _chain_ids, _rng
 from .raw import CLOSED_LOOP, INFERENCEX, OPEN_LOOP, PROMPT_PROBABILITIES, PROMPT_QUANTILES
 from .runs import get_run
 
-BLOCK_TOKENS = 16  # vLLM's block size: one prefix id per 16-token block, as its hash chain sees the prompt
+BLOCK_TOKENS = BLOCK_SIZE  # vLLM's block size: one prefix id per 16-token block, as its hash chain sees the prompt
 DRAIN_S = 600.0  # idle seconds added after each stage so that it drains before the next (inference-perf waits)
 
 
