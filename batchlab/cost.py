@@ -45,7 +45,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ._data import DATA_DIR, read_presets
+from ._data import read_calibration
 from .hardware import DTYPES, Hardware
 from .models import BYTES_PER_ELEMENT, ModelSpec
 from . import _kernels as k
@@ -65,8 +65,8 @@ SERVING_FIELDS = ("request_latency_s", "frontend_s_per_token", "cpu_step_s", "cp
 
 
 def _shipped_efficiency() -> dict:
-    fitted = read_presets("calibration.csv") if (DATA_DIR / "calibration.csv").is_file() else {}
-    return {k: float(fitted[k]["value"]) if k in fitted else v for k, v in _STARTING.items()}
+    fitted = read_calibration()
+    return {k: fitted.get(k, v) for k, v in _STARTING.items()}
 
 
 DEFAULT_EFFICIENCY = _shipped_efficiency()
@@ -257,6 +257,13 @@ class CostModel:
             coef[k.COEF_COMM_S_PER_TOKEN] = per_token / hw.interconnect_bytes_per_s
             coef[k.COEF_COMM_S_PER_STEP] = 2 * m.layers * self.allreduce_latency_s
         return coef
+
+    def named_coefficients(self) -> dict[str, float]:
+        """:meth:`coefficients` by name: ``{"gemm_flops_per_token": ..., "weight_bytes": ..., ...}``, each the
+        ``COEF_<NAME>`` slot of the kernels' vector in lower case (for code outside the engine layer)."""
+        coef = self.coefficients()
+        return {name[len("COEF_"):].lower(): float(coef[getattr(k, name)]) for name in dir(k)
+                if name.startswith("COEF_")}
 
     def vllm_reserved_bytes(self, max_num_batched_tokens: int = VLLM_TOKENS["large", "serve"],
                             max_num_seqs: int = VLLM_SEQS["large"]) -> float:

@@ -1,7 +1,9 @@
-"""The package's shape (issue 9): no import cycle among batchlab's modules, no module or function too long.
+"""The package's shape (issues 9, 25): no import cycle among batchlab's modules, no module or function too long,
+the kernels behind the engine layer.
 
 Every ``import`` of a batchlab module counts, lazy ones inside functions included, so a cycle cannot hide
-behind a function-level import. Each test prints the largest module or function it found.
+behind a function-level import; so does the package ``__init__`` an import runs first (``from ..calibrate.presets
+import x`` runs ``batchlab/calibrate/__init__.py``). Each size test prints the largest module or function it found.
 """
 from __future__ import annotations
 
@@ -42,7 +44,19 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
         else:
             continue
         found |= {t for t in targets if t in modules and t != name}
-    return found
+    return found | _package_edges(name, path, found, modules)
+
+
+def _package_edges(name: str, path: Path, targets: set[str], modules: dict[str, Path]) -> set[str]:
+    """The packages whose ``__init__`` importing ``targets`` runs first: each target's enclosing packages, less
+    those that already enclose ``name`` (they were initialised before ``name`` could run)."""
+    mine = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    enclosing = {".".join(mine.split(".")[:i]) for i in range(1, mine.count(".") + 2)}
+    out = set()
+    for target in targets:
+        parts = target.split(".")
+        out |= {".".join(parts[:i]) for i in range(1, len(parts))}
+    return {p for p in out if p in modules and p not in enclosing and p != name}
 
 
 def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -73,12 +87,53 @@ def test_cycle_finder_finds_a_planted_cycle():
     assert _cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
 
 
-def test_no_import_cycle():
+def _graph() -> dict[str, set[str]]:
     modules = _modules()
-    graph = {name: _imports(name, path, modules) for name, path in modules.items()}
+    return {name: _imports(name, path, modules) for name, path in modules.items()}
+
+
+def test_no_import_cycle():
+    graph = _graph()
     assert graph["batchlab.sim"] >= {"batchlab._kernels", "batchlab.cost", "batchlab.result"}  # the walk sees imports
     cycle = _cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_package_init_edges_are_counted():
+    """An import of a module in another package counts as an import of that package's ``__init__``: the cycle
+    calibrate -> validate -> calibrate.presets -> calibrate/__init__ (issue 25) was invisible without it."""
+    modules = _modules()
+    graph = _graph()
+    assert "batchlab.calibrate" not in graph["batchlab.validate.ablation"]  # no longer imported, not hidden
+    assert "batchlab.validate" in graph["batchlab.calibrate.serving"]  # calibrate sits above validate
+    planted = PACKAGE / "validate" / "ablation.py"
+    edges = _imports("batchlab.validate.ablation", planted, modules)
+    source = planted.read_text() + "\nfrom ..calibrate.presets import shipped_floors\n"
+    tree_edges = _edges_of_source("batchlab.validate.ablation", planted, source, modules)
+    assert "batchlab.calibrate" in tree_edges - edges  # the package __init__ edge a planted import adds
+    assert _cycle({**graph, "batchlab.validate.ablation": tree_edges}) is not None  # and the cycle it closes
+
+
+def _edges_of_source(name: str, path: Path, source: str, modules: dict[str, Path]) -> set[str]:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp) / path.name
+        copy.write_text(source)
+        return _imports(name, copy, modules)
+
+
+# Only the engine layer touches the jitted kernels; the rest of the package reaches them through its API.
+ENGINE_LAYER = {"batchlab.sim", "batchlab.fleet", "batchlab.cost", "batchlab.result", "batchlab.metrics",
+                "batchlab.vllm"}
+
+
+def test_only_the_engine_layer_imports_the_kernels():
+    users = {name for name, targets in _graph().items() if not name.startswith("batchlab._kernels")
+             and any(t == "batchlab._kernels" or t.startswith("batchlab._kernels.") for t in targets)}
+    print("modules importing batchlab._kernels:", sorted(users))
+    pending = {"batchlab.chapters.dynamic_batching"}  # re-runs serve_time until the kernel returns the seen time
+    assert users - pending == ENGINE_LAYER, {"outside the engine layer": sorted(users - ENGINE_LAYER)}
 
 
 def test_module_sizes():

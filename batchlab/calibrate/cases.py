@@ -13,8 +13,6 @@ from functools import lru_cache
 import numpy as np
 import pandas as pd
 
-from .._kernels import (COEF_ATTN_FLOPS_PER_WORK, COEF_GEMM_FLOPS_PER_TOKEN, COEF_KV_BYTES_PER_TOKEN,
-                        COEF_WEIGHT_BYTES)
 from ..cost import CostModel
 from ..hardware import get_hardware
 from ..models import ModelSpec, get_model
@@ -53,13 +51,13 @@ def _work(cost: CostModel, gemm_tokens=0.0, attn_work=0.0, kv_tokens=0.0, elemen
     sum c(2p + c) + 2 sum l as in ``step_cost``, ``kv_tokens`` = cached + new tokens whose KV is read or
     written, ``elementwise_tokens`` = tokens through the norms, RoPE and SiLU-and-mul.
     """
-    coef = cost.coefficients()
+    coef = cost.named_coefficients()
     gemm_tokens = np.asarray(gemm_tokens, dtype=np.float64)
     return {
-        "gemm_flops": coef[COEF_GEMM_FLOPS_PER_TOKEN] * gemm_tokens,
-        "gemm_bytes": np.where(gemm_tokens > 0, coef[COEF_WEIGHT_BYTES], 0.0),
-        "attn_flops": coef[COEF_ATTN_FLOPS_PER_WORK] * np.asarray(attn_work, dtype=np.float64),
-        "attn_bytes": coef[COEF_KV_BYTES_PER_TOKEN] * np.asarray(kv_tokens, dtype=np.float64),
+        "gemm_flops": coef["gemm_flops_per_token"] * gemm_tokens,
+        "gemm_bytes": np.where(gemm_tokens > 0, coef["weight_bytes"], 0.0),
+        "attn_flops": coef["attn_flops_per_work"] * np.asarray(attn_work, dtype=np.float64),
+        "attn_bytes": coef["kv_bytes_per_token"] * np.asarray(kv_tokens, dtype=np.float64),
         "elem_bytes": cost.elementwise_bytes_per_token * np.asarray(elementwise_tokens, dtype=np.float64),
         "peak_flops": cost.peak_flops,
         "hbm_bytes_per_s": cost.hardware.hbm_bytes_per_s,

@@ -10,7 +10,6 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
-from .._kernels import COEF_COMM_S_PER_STEP, COEF_COMM_S_PER_TOKEN
 from ..cost import SERVING_FIELDS, CostModel
 from ..models import get_model
 from . import cases as c
@@ -88,8 +87,8 @@ def _allreduce_predict(cases: pd.DataFrame, cost: CostModel) -> np.ndarray:
     out = np.empty(len(cases))
     for i, (workers, nbytes) in enumerate(zip(cases["workers"], cases["size_bytes"])):
         spec = c._spec("allreduce", 0, nbytes // 2, 1, 1, 1)
-        coef = cost.replace(model=spec, tp=int(workers)).coefficients()
-        out[i] = (coef[COEF_COMM_S_PER_TOKEN] + coef[COEF_COMM_S_PER_STEP]) / 2
+        coef = cost.replace(model=spec, tp=int(workers)).named_coefficients()
+        out[i] = (coef["comm_s_per_token"] + coef["comm_s_per_step"]) / 2
     return out
 
 

@@ -30,6 +30,11 @@ import pandas as pd
 from scipy.optimize import minimize
 
 from ..cost import CostModel
+from ..hardware import get_hardware
+from ..models import get_model
+from ..validate import calibration_runs, cost_for, replay_all
+from .predict import load_gemm_kernels
+from .presets import shipped_floors, shipped_own_kernels
 
 SERVING_TERMS = ("request_latency_s", "frontend_s_per_token", "cpu_step_s", "cpu_seq_s", "cpu_hidden_fraction",
                  "eta_compute_fp8", "eta_memory_fp8", "allreduce_latency_s")
@@ -74,8 +79,6 @@ def _from_x(x: np.ndarray) -> dict:
 
 def cost_with(run: pd.Series, terms: dict, base=None) -> CostModel:
     """The run's CostModel (:func:`batchlab.validate.cost_for`) with ``terms`` applied (FP8 ones to FP8 runs)."""
-    from ..validate import cost_for  # validate builds on calibrate's neighbours; imported when used
-
     fields = {k: terms[k] for k in SERVING_TERMS if k not in ("eta_compute_fp8", "eta_memory_fp8")}
     if run["dtype"] == "fp8":
         fields.update(eta_compute=terms["eta_compute_fp8"], eta_memory=terms["eta_memory_fp8"])
@@ -88,8 +91,6 @@ def _soft_l1(log_ratio: np.ndarray) -> float:
 
 
 def _e2e_losses(runs: pd.DataFrame, terms: dict) -> tuple[list[float], pd.DataFrame]:
-    from ..validate import replay_all
-
     table = replay_all(runs, cost=lambda run: cost_with(run, terms))
     fit = table[table["representable"] & (table["status"] == "ok")]
     losses = [_soft_l1(np.log(g["predicted_ms"] / g["measured_ms"])) for _, g in fit.groupby("set")]
@@ -98,11 +99,6 @@ def _e2e_losses(runs: pd.DataFrame, terms: dict) -> tuple[list[float], pd.DataFr
 
 def kernel_error(terms: dict, root=None) -> float:
     """Median relative error of the per-operator FP8 GEMM set (every split) under ``terms``."""
-    from .predict import load_gemm_kernels
-    from .presets import shipped_floors, shipped_own_kernels
-    from ..hardware import get_hardware
-    from ..models import get_model
-
     cost = CostModel(get_hardware("h100-sxm"), get_model("llama-3-8b"))
     own = shipped_own_kernels()._replace(eta_compute_fp8=terms["eta_compute_fp8"],
                                          eta_memory_fp8=terms["eta_memory_fp8"])
@@ -121,8 +117,6 @@ def objective(terms: dict, runs: pd.DataFrame | None = None, root=None) -> float
 def fit_runs() -> pd.DataFrame:
     """The runs the whole-server fit uses: usable (representable, not overloaded); every open-loop run and every
     :data:`CLOSED_LOOP_EVERY`-th closed-loop run."""
-    from ..validate import calibration_runs
-
     runs = calibration_runs()
     runs = runs[runs["representable"].astype(bool) & (runs["status"] == "ok")]
     closed = runs[runs["set"] == "aiconfigurator"].iloc[::CLOSED_LOOP_EVERY]
@@ -135,8 +129,6 @@ def fit_serving(runs: pd.DataFrame | None = None, root=None, max_evaluations: in
 
     Returns the terms, the objective, the evaluations spent and :func:`batchlab.validate.replay_all` of every
     calibration run at the fit."""
-    from ..validate import calibration_runs
-
     runs = fit_runs() if runs is None else runs
     start = dict(START if start is None else start)
     count = 0

@@ -15,7 +15,8 @@ import sys
 
 import pandas as pd
 
-from .._data import DATA_DIR, read_presets
+from .._data import CALIBRATION_FILE, DATA_DIR, calibration_rows
+from ..validate import error_summary
 from .fit import Calibration, fit
 
 from .readers import MEASURED_ENV, TIMINGS_FILE, measured_dir
@@ -85,7 +86,7 @@ def serving_table(terms: dict) -> pd.DataFrame:
 
 def shipped_serving_terms() -> dict:
     """The whole-server stage's terms in ``data/calibration.csv`` (empty if it has not been fitted yet)."""
-    values = read_presets("calibration.csv")
+    values = calibration_rows()
     if not all(k in values and values[k]["fitted_on"] in (E2E_NOTE, E2E_HELD_NOTE) for k in SERVING_TERMS):
         return {}
     return {k: float(values[k]["value"]) for k in SERVING_TERMS}
@@ -109,26 +110,24 @@ def main(argv=None) -> int:
     cal = fit(root)
     params = parameter_table(cal)
     if args.e2e:
-        params.to_csv(DATA_DIR / "calibration.csv", index=False)  # the whole-server stage starts from these
+        params.to_csv(DATA_DIR / CALIBRATION_FILE, index=False)  # the whole-server stage starts from these
         serving = fit_serving(root=root)
         kept = serving.terms
         write_e2e_errors(serving)
         print(f"whole-server fit: objective {serving.objective:.4f} after {serving.evaluations} evaluations")
     if kept:
         params = pd.concat([params, serving_table(kept)], ignore_index=True)
-    params.to_csv(DATA_DIR / "calibration.csv", index=False)
+    params.to_csv(DATA_DIR / CALIBRATION_FILE, index=False)
     cal.errors.round(4).to_csv(DATA_DIR / "calibration_errors.csv", index=False)
     with pd.option_context("display.width", 200, "display.max_columns", 20):
         print(params[["name", "value", "unit"]].to_string(index=False, formatters={"value": "{:.6g}".format}))
         print()
         print(cal.errors.round(3).to_string(index=False))
     print(f"\nfitted on {root or TIMINGS_FILE}")
-    print(f"wrote {DATA_DIR / 'calibration.csv'} and {DATA_DIR / 'calibration_errors.csv'}")
+    print(f"wrote {DATA_DIR / CALIBRATION_FILE} and {DATA_DIR / 'calibration_errors.csv'}")
     return 0
 
 
 def write_e2e_errors(serving: ServingFit) -> None:
     """``data/calibration_e2e_errors.csv``: the end-to-end error summary at the whole-server fit."""
-    from ..validate import error_summary
-
     error_summary(serving.table).round(4).to_csv(DATA_DIR / E2E_ERRORS_FILE, index=False)

@@ -15,7 +15,7 @@ import pandas as pd
 
 import batchlab as bl
 from batchlab import viz
-from batchlab._kernels import ROUTERS
+from ..fleet import ROUTERS
 
 from . import facts, prefix_caching, scenes
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..calibrate.presets import shipped_kernels_only
+from .._data import kernels_only
 from ..cost import SERVING_FIELDS, CostModel
 from .raw import INFERENCEX
 from .setup import cost_for
@@ -43,7 +43,7 @@ def cost_without(run, mechanism: str) -> CostModel:
     if mechanism == "LM-head correction":  # vocab 0: every parameter in the per-token GEMMs, no separate LM head
         return cost.replace(model=cost.model._replace(vocab=0))
     if mechanism == "FP8 and all-reduce re-fit":
-        old = shipped_kernels_only()
+        old = kernels_only()
         fields = {"allreduce_latency_s": old["allreduce_latency_s"]}
         if cost.dtype == "fp8":
             fields.update(eta_compute=old["eta_compute_fp8"], eta_memory=old["eta_memory_fp8"])
