@@ -6,8 +6,9 @@ from .result import SimResult
 from .sim import POLICIES, simulate
 from .vllm import VLLM_RELEASED, VLLM_VERSION, vllm_defaults
 from .sweep import expand_grid, is_dominated, pareto_front, sweep
-from .workload import (Requests, arrivals_gamma, arrivals_poisson, fixed, from_frame, lengths_empirical,
-                       lengths_lognormal, lengths_uniform, multi_turn, read_trace, shared_prefix, synthetic)
+from .workload import (Requests, arrivals_gamma, arrivals_poisson, fixed, lengths_empirical, lengths_lognormal,
+                       lengths_uniform, multi_turn, shared_prefix, synthetic)
+from .traces import from_frame, read_trace
 from .workload import preset, preset_names, trace_stats
 from .datasets import replay
 from .fleet import FleetResult, simulate_disaggregated, simulate_fleet, transfer_times

@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from . import __version__
-from .vllm import GPU_MEMORY_UTILIZATION, VLLM_VERSION
+from .vllm import BLOCK_SIZE, GPU_MEMORY_UTILIZATION, VLLM_VERSION
 
 LATENCY_METRICS = {  # vLLM's metric name -> (printed name, section header), as in vllm/benchmarks/serve.py
     "ttft": ("TTFT", "Time to First Token"),
@@ -227,6 +227,10 @@ def _common_flags(p: argparse.ArgumentParser) -> None:
     wl.add_argument("--prompt-column", help="trace column of prompt tokens (default: detected)")
     wl.add_argument("--output-column", help="trace column of output tokens (default: detected)")
     wl.add_argument("--time-unit", choices=("s", "ms", "us", "ns"), help="unit of numeric arrival times")
+    wl.add_argument("--prefix-blocks-column", help="trace column of prefix block ids, a list per request (default: "
+                    "none, so only a preempted request finds its own blocks again)")
+    wl.add_argument("--prefix-block-tokens", type=_positive_int, default=BLOCK_SIZE,
+                    help=f"tokens per prefix block id (default {BLOCK_SIZE}, vLLM's block size)")
     out = p.add_argument_group("results (vllm bench serve flags)")
     out.add_argument("--save-result", action="store_true", help="write the result as JSON")
     out.add_argument("--result-filename", help="JSON file name (default batchlab-<rate>qps-<model>-<date>.json)")
@@ -256,7 +260,8 @@ def _workload(args):
     from .loaders import load_workload
     return load_workload(args.dataset, n_requests=args.num_prompts, rate_req_s=args.request_rate, seed=args.seed,
                          arrival=args.arrival_column, prompt=args.prompt_column, output=args.output_column,
-                         time_unit=args.time_unit, burstiness=args.burstiness, max_concurrency=args.max_concurrency)
+                         time_unit=args.time_unit, burstiness=args.burstiness, max_concurrency=args.max_concurrency,
+                         prefix_blocks=args.prefix_blocks_column, prefix_block_tokens=args.prefix_block_tokens)
 
 
 def _knobs(args) -> dict:

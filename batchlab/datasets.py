@@ -27,7 +27,8 @@ import pooch
 import requests
 
 from . import _validate
-from .workload import Requests, read_trace
+from .traces import read_trace
+from .workload import Requests
 from .vllm import BLOCK_SIZE
 
 ENV_VAR = "BATCHLAB_DATA_DIR"

@@ -23,42 +23,24 @@ CSV or JSON-lines trace (``.csv``, ``.jsonl``; a ``.json`` holding a list of rec
 ``vllm bench serve --save-result --save-detailed`` JSON
     See :func:`_bench_workload`.
 
-Arrival times of a trace
-------------------------
-Datetime strings (or a pandas datetime column) are read as datetimes: seconds since the first. Numbers are
-seconds unless ``time_unit`` ("s", "ms", "us", "ns") says otherwise or the column's name ends in one of those
-units (``arrival_ms``, ``timestamp_ns``). Numbers above 1e8 without a unit look like epoch timestamps in an
-unknown unit (issue 16 found epoch nanoseconds read as seconds) and are refused. Arrivals need not be sorted:
-rows are sorted by arrival, stably (ties keep file order), and shifted so the first arrives at 0.
+Trace files are read by :mod:`batchlab.traces` (columns, arrival times, prefix blocks), the reader behind
+:func:`batchlab.read_trace` and :func:`batchlab.replay` too.
 """
 from __future__ import annotations
 
 import json
 import math
-import re
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
 
-from .workload import Requests, _rng, arrivals_gamma, datetime_offsets_s, preset, preset_names, synthetic
+from .traces import TIME_UNITS, _ARRIVAL, read_columns, read_csv, read_json_lines, sorted_requests
+from .vllm import BLOCK_SIZE
+from .workload import Requests, _rng, arrivals_gamma, preset, preset_names, synthetic
 
 DEFAULT_N_REQUESTS = 1000  # requests drawn from a preset or a synthetic spec when no count is given
-EPOCH_LIKE = 1e8  # arrival numbers above this (3 years in seconds) without a unit are refused
-TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
-
-# Column spellings tried, in order of preference; compared after _normalise (lower case, no "_", "-" or spaces).
-_ARRIVAL = ("timestamp", "arrival_s", "arrival_time", "arrival_time_s", "arrival_timestamp", "arrival", "time",
-            "time_s", "timestamp_s", "arrival_ms", "timestamp_ms", "time_ms", "arrival_us", "timestamp_us",
-            "arrival_ns", "timestamp_ns")
-_PROMPT = ("prompt_tokens", "input_tokens", "input_len", "input_length", "prompt_len", "prompt_length",
-           "num_prompt_tokens", "num_input_tokens", "context_tokens", "num_prefill_tokens", "request_tokens",
-           "prompt_token_count", "isl")
-_OUTPUT = ("output_tokens", "output_len", "output_length", "generated_tokens", "num_decode_tokens",
-           "completion_tokens", "num_output_tokens", "num_generated_tokens", "response_tokens",
-           "output_token_count", "osl")
-
 # Keys of a ``vllm bench serve`` result (vllm/benchmarks/serve.py, main_async and benchmark).
 _BENCH_MARKERS = ("input_lens", "output_lens", "num_prompts", "completed", "total_input_tokens", "request_rate",
                   "burstiness", "max_concurrency")
@@ -83,7 +65,8 @@ class Workload(NamedTuple):
 def load_workload(source, *, n_requests: int | None = None, rate_req_s: float | None = None, seed=0,
                   arrival: str | None = None, prompt: str | None = None, output: str | None = None,
                   time_unit: str | None = None, burstiness: float | None = None,
-                  max_concurrency: int | None = None) -> Workload:
+                  max_concurrency: int | None = None, prefix_blocks: str | None = None,
+                  prefix_block_tokens: int = BLOCK_SIZE) -> Workload:
     """A :class:`Workload` from a preset name, a synthetic spec, a trace file or a saved ``vllm bench serve``.
 
     Parameters
@@ -104,6 +87,9 @@ def load_workload(source, *, n_requests: int | None = None, rate_req_s: float | 
         Column names of a trace, when detection does not find them.
     time_unit : {"s", "ms", "us", "ns"}, optional
         Unit of numeric arrival times.
+    prefix_blocks : str, optional
+        Trace column of prefix block ids (lists, or their text in a CSV cell), ``prefix_block_tokens`` tokens per
+        id: read by :mod:`batchlab.traces` as :func:`batchlab.read_trace` reads it.
     burstiness : float, optional
         ``vllm bench serve --burstiness``: the shape of the gamma inter-arrival gaps (1 = Poisson, < 1 burstier,
         inf evenly spaced); CV = 1 / sqrt(burstiness). Preset: replaces the trace's inter-arrival CV. Synthetic
@@ -125,7 +111,7 @@ def load_workload(source, *, n_requests: int | None = None, rate_req_s: float | 
     _check_options(n_requests, rate_req_s, time_unit, burstiness, max_concurrency)
     if isinstance(source, pd.DataFrame):
         return _trace_workload(source, "DataFrame", n_requests, rate_req_s, seed, arrival, prompt, output,
-                               time_unit, burstiness, max_concurrency)
+                               time_unit, burstiness, max_concurrency, prefix_blocks, prefix_block_tokens)
     if not isinstance(source, (str, Path)):
         raise ValueError(f"source must be a preset name, a synthetic spec, a file path or a DataFrame, "
                          f"got {type(source).__name__}")
@@ -135,7 +121,7 @@ def load_workload(source, *, n_requests: int | None = None, rate_req_s: float | 
     if isinstance(source, str) and text.startswith("synthetic:"):
         return _synthetic_workload(text, n_requests, rate_req_s, seed, burstiness, max_concurrency)
     return _file_workload(Path(source), n_requests, rate_req_s, seed, arrival, prompt, output, time_unit,
-                          burstiness, max_concurrency)
+                          burstiness, max_concurrency, prefix_blocks, prefix_block_tokens)
 
 
 def _check_options(n_requests, rate_req_s, time_unit, burstiness, max_concurrency) -> None:
@@ -260,7 +246,7 @@ def _synthetic_workload(spec, n_requests, rate_req_s, seed, burstiness, max_conc
 # -- files -------------------------------------------------------------------------------------------------------
 
 def _file_workload(path, n_requests, rate_req_s, seed, arrival, prompt, output, time_unit, burstiness,
-                   max_concurrency) -> Workload:
+                   max_concurrency, prefix_blocks=None, prefix_block_tokens=BLOCK_SIZE) -> Workload:
     if not path.exists():
         raise ValueError(f"{path}: no such file, and not a preset name ({', '.join(preset_names())}) or a "
                          f"synthetic spec (synthetic:prompt=...,output=...)")
@@ -275,16 +261,17 @@ def _file_workload(path, n_requests, rate_req_s, seed, arrival, prompt, output, 
         raise ValueError(f"{path}: the file is empty; expected "
                          + ("a vllm bench serve result or a list of requests" if suffix == ".json"
                             else "one request per row, with token counts"))
-    trace_args = (n_requests, rate_req_s, seed, arrival, prompt, output, time_unit, burstiness, max_concurrency)
+    trace_args = (n_requests, rate_req_s, seed, arrival, prompt, output, time_unit, burstiness, max_concurrency,
+                  prefix_blocks, prefix_block_tokens)
     if suffix == ".csv":
-        return _trace_workload(_read_csv(path), str(path), *trace_args)
+        return _trace_workload(read_csv(path), str(path), *trace_args)
     if suffix == ".jsonl":
-        return _trace_workload(pd.DataFrame(_read_json_lines(path, text)), str(path), *trace_args)
+        return _trace_workload(pd.DataFrame(read_json_lines(path, text)), str(path), *trace_args)
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:
         if err.msg == "Extra data":  # several objects: JSON lines, or results appended with --append-result
-            records = _read_json_lines(path, text)
+            records = read_json_lines(path, text)
             if any(isinstance(r, dict) and "input_lens" in r for r in records):
                 raise ValueError(f"{path}: holds {len(records)} JSON objects, one per line (results appended with "
                                  f"vllm bench serve --append-result?); keep one result per file") from None
@@ -299,139 +286,11 @@ def _file_workload(path, n_requests, rate_req_s, seed, arrival, prompt, output, 
                      f"nor a list of request records; found {what}")
 
 
-def _read_csv(path: Path) -> pd.DataFrame:
-    try:
-        df = pd.read_csv(path)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
-        raise ValueError(f"{path}: not a readable CSV ({str(err).strip().splitlines()[0]})") from None
-    if df.empty:
-        raise ValueError(f"{path}: has a header ({', '.join(map(str, df.columns))}) but no rows; expected one "
-                         f"request per row")
-    return df
-
-
-def _read_json_lines(path: Path, text: str) -> list:
-    records = []
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}: line {lineno} is not valid JSON ({err.msg}); expected one JSON object "
-                             f"per line") from None
-        if not isinstance(record, dict):
-            raise ValueError(f"{path}: line {lineno} is a JSON {type(record).__name__}, expected an object "
-                             f"(one request per line)")
-        records.append(record)
-    return records
-
-
-def _normalise(name) -> str:
-    return re.sub(r"[\s_\-]", "", str(name).lower())
-
-
-def _find_column(df: pd.DataFrame, given: str | None, spellings: tuple, what: str, where: str) -> str | None:
-    if given is not None:
-        if given not in df.columns:
-            raise ValueError(f"{where}: no {what} column {given!r}; columns are {list(map(str, df.columns))}")
-        return given
-    by_name = {}
-    for col in df.columns:
-        by_name.setdefault(_normalise(col), col)
-    for spelling in spellings:
-        if _normalise(spelling) in by_name:
-            return by_name[_normalise(spelling)]
-    return None
-
-
-def _unit_from_name(column: str) -> str | None:
-    match = re.search(r"[_\-\s](s|ms|us|ns)$", str(column).lower())
-    return match.group(1) if match else None
-
-
-def _token_column(df: pd.DataFrame, column: str, where: str) -> np.ndarray:
-    """The whole numbers >= 1 of ``column``, or a ValueError naming the first bad row."""
-    raw = df[column]
-    values = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=np.float64)
-    if pd.api.types.is_bool_dtype(raw):
-        is_bool = np.ones(len(raw), dtype=bool)
-    elif pd.api.types.is_numeric_dtype(raw):
-        is_bool = np.zeros(len(raw), dtype=bool)
-    else:  # mixed values (JSON lines): a true/false among numbers is not a count
-        is_bool = raw.map(lambda v: isinstance(v, (bool, np.bool_))).to_numpy(dtype=bool)
-    with np.errstate(invalid="ignore"):
-        bad = is_bool | ~np.isfinite(values) | (values != np.round(values)) | (values < 1)
-    if bad.any():
-        i = int(np.argmax(bad))
-        v, r = values[i], raw.iloc[i]
-        if is_bool[i]:
-            what = "a boolean"
-        elif math.isnan(v):
-            what = "missing (NaN)" if pd.isna(r) else "not a number"
-        elif math.isinf(v) or v != round(v):
-            what = "not a whole number"
-        else:
-            what = "negative" if v < 0 else "zero"
-        raise ValueError(f"{where}: {column!r} of row {i} is {what} ({r!r}); expected token counts, whole numbers "
-                         f">= 1")
-    return values.astype(np.int64)
-
-
-def _arrival_seconds(df: pd.DataFrame, column: str, time_unit: str | None, where: str) -> tuple[np.ndarray, str]:
-    """Arrival times in seconds (not yet shifted) and the unit they were read in."""
-    col = df[column]
-    if pd.api.types.is_bool_dtype(col):
-        raise ValueError(f"{where}: arrival column {column!r} holds booleans; expected times")
-    if (not pd.api.types.is_numeric_dtype(col) and not pd.api.types.is_datetime64_any_dtype(col)
-            and pd.to_numeric(col, errors="coerce").notna().all()):
-        col = pd.to_numeric(col)  # numbers written as text ("12.5") are numbers, not dates
-    if pd.api.types.is_datetime64_any_dtype(col) or not pd.api.types.is_numeric_dtype(col):
-        if time_unit is not None:
-            raise ValueError(f"{where}: arrival column {column!r} holds datetimes or text, so time_unit="
-                             f"{time_unit!r} does not apply; drop it")
-        if col.isna().any():
-            raise ValueError(f"{where}: arrival column {column!r} is missing in row {int(np.argmax(col.isna()))}")
-        try:  # seconds from the earliest, exact: the reader bl.read_trace uses
-            return datetime_offsets_s(col), "datetime"
-        except (ValueError, TypeError, OverflowError):
-            sample = col.iloc[0]
-            raise ValueError(f"{where}: arrival column {column!r} holds {sample!r}, neither a number nor a date and "
-                             f"time; expected seconds (or time_unit=) or datetimes") from None
-    values = col.to_numpy(dtype=np.float64)
-    if not np.isfinite(values).all():
-        row = int(np.argmax(~np.isfinite(values)))
-        raise ValueError(f"{where}: arrival column {column!r} of row {row} is {values[row]!r}; expected finite times")
-    named = _unit_from_name(column)
-    if time_unit is not None and named is not None and named != time_unit:
-        raise ValueError(f"{where}: arrival column {column!r} says its unit is {named!r} but time_unit="
-                         f"{time_unit!r} was given")
-    unit = time_unit or named
-    if unit is None:
-        if np.abs(values).max() > EPOCH_LIKE:
-            raise ValueError(f"{where}: arrival column {column!r} holds numbers up to {np.abs(values).max():.4g}, "
-                             f"which look like epoch timestamps in an unknown unit; pass time_unit= "
-                             f"(--time-unit: {', '.join(TIME_UNITS)}) to say which")
-        unit = "s"
-    return values * TIME_UNITS[unit], unit
-
-
 def _trace_workload(df, where, n_requests, rate_req_s, seed, arrival, prompt, output, time_unit, burstiness,
-                    max_concurrency) -> Workload:
-    if df.empty:
-        raise ValueError(f"{where}: no requests; expected one request per row")
-    columns = {}
-    for what, given, spellings in (("prompt", prompt, _PROMPT), ("output", output, _OUTPUT)):
-        found = _find_column(df, given, spellings, what, where)
-        if found is None:
-            raise ValueError(f"{where}: no {what}-token column; tried {', '.join(spellings)} (case and _ ignored) "
-                             f"among {list(map(str, df.columns))}; name it with {what}= (--{what}-column)")
-        columns[what] = found
-    prompt_tokens = _token_column(df, columns["prompt"], where)
-    output_tokens = _token_column(df, columns["output"], where)
-    column = _find_column(df, arrival, _ARRIVAL, "arrival", where)
+                    max_concurrency, prefix_blocks=None, prefix_block_tokens=BLOCK_SIZE) -> Workload:
+    cols = read_columns(df, where, arrival, prompt, output, time_unit, prefix_blocks)
     n_rows = len(df)
-    if column is None:
+    if cols.arrival_s is None:
         bursty = 1.0 if burstiness is None else burstiness
         if rate_req_s is not None:
             secs, how = vllm_arrivals(n_rows, rate_req_s, bursty, seed), f"no arrival column: gamma arrivals " \
@@ -444,24 +303,25 @@ def _trace_workload(df, where, n_requests, rate_req_s, seed, arrival, prompt, ou
                              f"rate_req_s= (--request-rate) for Poisson arrivals at that rate, or max_concurrency= "
                              f"(--max-concurrency) to send every request at once closed-loop, or name the column "
                              f"with arrival= (--arrival-column)")
-        order = np.arange(n_rows)[:n_requests]
-        secs = secs[:n_requests]
+        blocks = None if cols.prefix_blocks is None else cols.prefix_blocks[:n_requests]
+        reqs = Requests(secs[:n_requests], cols.prompt_tokens[:n_requests], cols.output_tokens[:n_requests], blocks,
+                        prefix_block_tokens)
     else:
         if burstiness is not None:
-            raise ValueError(f"{where}: has arrival times ({column!r}), so burstiness does not apply; drop it")
-        secs, unit = _arrival_seconds(df, column, time_unit, where)
-        order = np.argsort(secs, kind="stable")[:n_requests]  # unsorted traces are allowed; ties keep file order
-        secs = secs[order] - secs[order][0]
-        how = f"arrival={column!r} [{unit}]"
-        span = secs[-1]
-        rate = (len(secs) - 1) / span if span > 0 else math.inf
+            raise ValueError(f"{where}: has arrival times ({cols.names['arrival']!r}), so burstiness does not "
+                             f"apply; drop it")
+        reqs = sorted_requests(cols, prefix_block_tokens, n_requests)  # unsorted traces allowed; ties keep order
+        how = f"arrival={cols.names['arrival']!r} [{cols.unit}]"
+        span = float(reqs.arrival_s[-1])
+        rate = (len(reqs) - 1) / span if span > 0 else math.inf
         if rate_req_s is not None:  # rescale to the asked mean rate, the trace's burst shape kept
-            secs = np.zeros_like(secs) if math.isinf(rate_req_s) or span == 0 else secs * (rate / rate_req_s)
+            secs = np.zeros_like(reqs.arrival_s) if math.isinf(rate_req_s) or span == 0 else \
+                reqs.arrival_s * (rate / rate_req_s)
+            reqs = reqs._select(np.arange(len(reqs)), secs)
             how += f", rescaled from {rate:.4g} to {rate_req_s:g} req/s"
             rate = float(rate_req_s)
-    reqs = Requests(secs, prompt_tokens[order], output_tokens[order])
-    desc = f"{where}: {len(reqs)} of {n_rows} requests (prompt={columns['prompt']!r}, output={columns['output']!r}, " \
-           f"{how})"
+    desc = f"{where}: {len(reqs)} of {n_rows} requests (prompt={cols.names['prompt']!r}, " \
+           f"output={cols.names['output']!r}, {how})"
     return Workload(reqs, max_concurrency, rate, desc, n_rows)
 
 

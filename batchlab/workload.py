@@ -5,9 +5,7 @@ so a stream is a pure function of its arguments.
 """
 from __future__ import annotations
 
-import json
 import math
-from pathlib import Path
 import dataclasses
 from functools import cache
 
@@ -350,58 +348,6 @@ def _check_count(n_requests) -> None:
 
 
 # -- traces --------------------------------------------------------------------------------------
-
-def datetime_offsets_s(values) -> np.ndarray:
-    """Seconds from the earliest of ``values`` (datetimes, or text pandas reads as dates and times) to each.
-
-    Exact to the digits the values hold: the differences are taken in integer nanoseconds, whatever resolution
-    pandas infers (``datetime64[us]`` for "10:00:00.250", ``[ns]`` for Azure's seven digits), and only then turned
-    into seconds, never through float epoch seconds (1.7e9 s, whose float spacing is 0.24 us). Naive times are
-    read as written and offsets honoured (as UTC): only differences matter. Raises what pandas raises on text that
-    is not a date. Used by :func:`from_frame` and the command line's loader (:mod:`batchlab.loaders`)."""
-    stamps = pd.to_datetime(pd.Series(values), format="mixed", utc=True)
-    ns = stamps.dt.tz_localize(None).astype("datetime64[ns]").astype("int64").to_numpy()
-    return (ns - ns.min()) / 1e9 if ns.size else np.zeros(0)
-
-
-def from_frame(df: pd.DataFrame, arrival: str, prompt: str, output: str, time_unit: str = "s",
-               prefix_blocks: str | None = None, prefix_block_tokens: int = BLOCK_SIZE) -> Requests:
-    """A stream from a table with an arrival column (seconds, ms, ns, or datetimes) and two length columns.
-
-    Arrivals are shifted so the first is at 0; rows are sorted by arrival (stable, so ties keep file order).
-    ``prefix_blocks`` names an optional column of block-id lists (see :class:`Requests`), of
-    ``prefix_block_tokens`` tokens each.
-    """
-    for col in (arrival, prompt, output) + ((prefix_blocks,) if prefix_blocks is not None else ()):
-        if col not in df.columns:
-            raise ValueError(f"column {col!r} not found; columns are {list(df.columns)}")
-    t = df[arrival]
-    if time_unit == "datetime" or not pd.api.types.is_numeric_dtype(t):
-        secs = datetime_offsets_s(t)
-    else:
-        scale = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
-        if time_unit not in scale:
-            raise ValueError(f"time_unit must be one of {sorted(scale) + ['datetime']}, got {time_unit!r}")
-        secs = t.to_numpy(dtype=np.float64) * scale[time_unit]
-    order = np.argsort(secs, kind="stable")
-    secs = secs[order] - secs[order][0]
-    blocks = None if prefix_blocks is None else [df[prefix_blocks].iloc[i] for i in order]
-    return Requests(secs, df[prompt].to_numpy()[order], df[output].to_numpy()[order], blocks, prefix_block_tokens)
-
-
-def read_trace(path, arrival: str, prompt: str, output: str, time_unit: str = "s", prefix_blocks: str | None = None,
-               prefix_block_tokens: int = BLOCK_SIZE) -> Requests:
-    """Read a CSV or JSON-lines trace (by extension) into ``Requests``; see :func:`from_frame`."""
-    path = Path(path)
-    if path.suffix in (".jsonl", ".json"):
-        with open(path) as fh:
-            df = pd.DataFrame([json.loads(line) for line in fh if line.strip()])
-    elif path.suffix == ".csv":
-        df = pd.read_csv(path)
-    else:
-        raise ValueError(f"trace files must end in .csv or .jsonl, got {path.name!r}")
-    return from_frame(df, arrival, prompt, output, time_unit, prefix_blocks, prefix_block_tokens)
-
 
 # -- presets from real traces ---------------------------------------------------------------------
 

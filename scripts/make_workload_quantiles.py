@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from batchlab import datasets  # noqa: E402
-from batchlab.workload import read_trace  # noqa: E402
+from batchlab.traces import read_trace  # noqa: E402
 
 PERCENTS = np.arange(101)
 

@@ -377,3 +377,49 @@ def test_datetime_strings_read_to_the_microsecond_by_every_reader(tmp_path):
         np.testing.assert_array_equal(reqs.prompt_tokens, [10, 40, 20, 30])
     ns = pd.DataFrame({"t": ["2023-11-16 18:15:46.6805900", "2023-11-16 18:15:50.9951690"], "p": [1, 1], "o": [1, 1]})
     assert bl.from_frame(ns, "t", "p", "o").arrival_s.tolist() == [0.0, 4.314579]  # Azure's seven digits: exact
+
+
+def _same_requests(a, b) -> None:
+    for field in ("arrival_s", "prompt_tokens", "output_tokens", "prefix_ids", "prefix_offsets"):
+        np.testing.assert_array_equal(getattr(a, field), getattr(b, field), err_msg=field)
+    assert a.prefix_block_tokens == b.prefix_block_tokens
+
+
+def test_one_trace_reader_behind_read_trace_replay_and_the_command_line(tmp_path, monkeypatch, capsys):
+    """A CSV of datetime-string arrivals (microseconds) and prefix block ids (their text in a cell) gives the same
+    Requests, to the bit, through bl.read_trace, datasets.replay (a registered trace read from a mirror) and the
+    command line's --dataset; and the command line's run is simulate's on those Requests (issue 25)."""
+    import hashlib
+
+    from batchlab import cli, datasets
+
+    path = tmp_path / "mine" / "trace.csv"
+    path.parent.mkdir()
+    pd.DataFrame({"timestamp": ["2024-05-01 10:00:01.5", "2024-05-01 10:00:00", "2024-05-01 10:00:00.250",
+                                "2024-05-01 10:00:00.000001"],
+                  "input_tokens": [300, 100, 200, 400], "output_tokens": [3, 1, 2, 4],
+                  "hash_ids": ["[7, 8, 9]", "[7]", "[7, 8]", "[7, 8, 9, 10]"]}).to_csv(path, index=False)
+    read = bl.read_trace(path, "timestamp", "input_tokens", "output_tokens", prefix_blocks="hash_ids",
+                         prefix_block_tokens=128)
+    np.testing.assert_array_equal(read.arrival_s, [0.0, 0.000001, 0.25, 1.5])
+    assert [list(b) for b in read.prefix_blocks] == [[7], [7, 8, 9, 10], [7, 8], [7, 8, 9]]
+
+    sha = hashlib.sha256(path.read_bytes()).hexdigest()
+    entry = datasets.TraceFile("mine/trace.csv", "https://example.invalid/trace.csv", sha, "timestamp",
+                               "input_tokens", "output_tokens", "datetime", "hash_ids", 128)
+    monkeypatch.setitem(datasets._TRACES, "mine", entry)
+    monkeypatch.setenv(datasets.ENV_VAR, str(tmp_path))
+    _same_requests(datasets.replay("mine"), read)
+
+    loaded = load_workload(path, prefix_blocks="hash_ids", prefix_block_tokens=128).requests
+    _same_requests(loaded, read)
+
+    out = tmp_path / "out.json"
+    argv = ["simulate", "--dataset", str(path), "--prefix-blocks-column", "hash_ids", "--prefix-block-tokens", "128",
+            "--save-result", "--result-filename", str(out)]
+    assert cli.main(argv) == 0
+    saved = json.loads(out.read_text())
+    res = bl.simulate(read, "chunked", bl.CostModel(bl.get_hardware("h100-sxm"), bl.get_model("llama-3-8b")))
+    assert saved["input_lens"] == read.prompt_tokens.tolist()
+    np.testing.assert_array_equal(saved["ttfts"], res.requests["ttft_s"].to_numpy())
+    assert res.requests["cached_tokens"].sum() > 0  # the prefix blocks reached the engine
