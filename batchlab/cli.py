@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from . import __version__
+from .metrics import bench_serve_stats, peak_concurrency, percentile_word
 from .vllm import BLOCK_SIZE, GPU_MEMORY_UTILIZATION, VLLM_VERSION
 
 LATENCY_METRICS = {  # vLLM's metric name -> (printed name, section header), as in vllm/benchmarks/serve.py
@@ -288,20 +289,6 @@ def _preamble(args, cost, workload, knobs) -> None:
 
 # -- simulate ----------------------------------------------------------------------------------------------------
 
-def _p_word(p: float) -> str:
-    """vLLM's spelling of a percentile in a key: 99 -> "99", 99.9 -> "99.9"."""
-    return str(int(p)) if int(p) == p else str(p)
-
-
-def _peak_concurrency(sent_s: np.ndarray, finish_s: np.ndarray) -> int:
-    """Most requests in flight at once over half-open intervals [sent, finish), as vLLM's sweep line counts."""
-    if sent_s.size == 0:
-        return 0
-    starts, ends = np.sort(sent_s), np.sort(finish_s)
-    in_flight = np.arange(1, starts.size + 1) - np.searchsorted(ends, starts, side="right")
-    return int(in_flight.max())
-
-
 def _metric_stats(res, summary: dict, metric: str, percentiles: list[float]) -> dict:
     """``mean_/median_/std_/p<q>_<metric>_ms`` as vLLM writes them (std_itl_ms only from a token record)."""
     out = {}
@@ -309,21 +296,14 @@ def _metric_stats(res, summary: dict, metric: str, percentiles: list[float]) -> 
         out[f"mean_{metric}_ms"] = summary[f"mean_{metric}_ms"]
         out[f"median_{metric}_ms"] = summary[f"median_{metric}_ms"]
         for p in percentiles:
-            out[f"p{_p_word(p)}_{metric}_ms"] = summary[f"{SUMMARY_PERCENTILES[p]}_{metric}_ms"]
+            out[f"p{percentile_word(p)}_{metric}_ms"] = summary[f"{SUMMARY_PERCENTILES[p]}_{metric}_ms"]
         return out
     if metric == "itl":
         values = res.itl_s()
     else:
         done = ~res.requests["rejected"].to_numpy()
         values = res.requests[f"{metric}_s"].to_numpy()[done]
-    values = values[np.isfinite(values)] * 1e3  # a one-token output has no TPOT; vLLM leaves it out too
-    sample = values if values.size else np.zeros(1)  # vLLM: statistics of an empty set are 0
-    out[f"mean_{metric}_ms"] = float(np.mean(sample))
-    out[f"median_{metric}_ms"] = float(np.median(sample))
-    out[f"std_{metric}_ms"] = float(np.std(sample))
-    for p in percentiles:
-        out[f"p{_p_word(p)}_{metric}_ms"] = float(np.percentile(sample, p))
-    return out
+    return bench_serve_stats(metric, values * 1e3, percentiles)  # a one-token output has no TPOT: NaN, left out
 
 
 def bench_result(res, workload, args, slo) -> dict:
@@ -349,7 +329,7 @@ def bench_result(res, workload, args, slo) -> dict:
         "request_goodput": None,
         "output_throughput": summary["output_throughput"],
         "total_token_throughput": summary["total_token_throughput"],
-        "max_concurrent_requests": _peak_concurrency(reqs["sent_s"].to_numpy()[done],
+        "max_concurrent_requests": peak_concurrency(reqs["sent_s"].to_numpy()[done],
                                                      reqs["finish_s"].to_numpy()[done]),
     }
     if slo is not None:
@@ -401,7 +381,7 @@ def print_table(result: dict, args) -> None:
         print(num(f"Mean {name} (ms):", result[f"mean_{metric}_ms"]))
         print(num(f"Median {name} (ms):", result[f"median_{metric}_ms"]))
         for p in args.metric_percentiles:
-            print(num(f"P{_p_word(p)} {name} (ms):", result[f"p{_p_word(p)}_{metric}_ms"]))
+            print(num(f"P{percentile_word(p)} {name} (ms):", result[f"p{percentile_word(p)}_{metric}_ms"]))
     print("=" * 50)
 
 
@@ -488,7 +468,7 @@ def print_tuning(found, slo, n_configs: int, n_refused: int) -> None:
     print(line("Configurations simulated:", n_configs - n_refused))
     if n_refused:
         print(line("Refused by vLLM (tokens < seqs):", n_refused))
-    pct = f"P{_p_word(slo.percentile)}"
+    pct = f"P{percentile_word(slo.percentile)}"
     for header, point in (("Best setting", found.best), ("vLLM defaults", found.defaults)):
         print("{s:{c}^{n}}".format(s=header, n=50, c="-"))
         print(_setting(point))

@@ -78,6 +78,35 @@ def sample_stats(name: str, values_s: np.ndarray) -> dict[str, float]:
     return out
 
 
+def bench_serve_stats(name: str, values_ms: np.ndarray, percentiles) -> dict[str, float]:
+    """``mean_/median_/std_/p<q>_<name>_ms`` of ``values_ms`` (ms; NaN ignored) as ``vllm bench serve`` computes
+    them (``vllm/benchmarks/serve.py`` ``calculate_metrics``: ``np.mean``, ``np.median``, ``np.std``,
+    ``np.percentile``; an empty sample counts as one 0). ``percentiles`` in (0, 100]: 99 -> ``p99``, 99.9 ->
+    ``p99.9``. The command line's JSON; :func:`sample_stats` is the summary's."""
+    values = np.asarray(values_ms, dtype=np.float64)
+    values = values[np.isfinite(values)]
+    sample = values if values.size else np.zeros(1)
+    out = {f"mean_{name}_ms": float(np.mean(sample)), f"median_{name}_ms": float(np.median(sample)),
+           f"std_{name}_ms": float(np.std(sample))}
+    for p in percentiles:
+        out[f"p{percentile_word(p)}_{name}_ms"] = float(np.percentile(sample, p))
+    return out
+
+
+def percentile_word(p: float) -> str:
+    """vLLM's spelling of a percentile in a key: 99 -> "99", 99.9 -> "99.9"."""
+    return str(int(p)) if int(p) == p else str(p)
+
+
+def peak_concurrency(sent_s: np.ndarray, finish_s: np.ndarray) -> int:
+    """Most requests in flight at once over half-open intervals [sent, finish), as vLLM's sweep line counts."""
+    if len(sent_s) == 0:
+        return 0
+    starts, ends = np.sort(sent_s), np.sort(finish_s)
+    in_flight = np.arange(1, starts.size + 1) - np.searchsorted(ends, starts, side="right")
+    return int(in_flight.max())
+
+
 def _lerp(a, b, t):
     """NumPy's linear interpolation between two order statistics (``np.percentile``'s default method)."""
     diff = b - a

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from batchlab import cli
+from batchlab import cli, metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = Path(__file__).parent / "data" / "vllm_bench_serve_detailed.json"
@@ -153,11 +153,21 @@ def test_resolve_model_maps_hugging_face_ids(typed, name):
 def test_peak_concurrency_counts_half_open_intervals():
     sent = np.array([0.0, 1.0, 2.0, 2.5])
     finish = np.array([2.0, 3.0, 2.6, 4.0])  # the first ends as the third starts: not both in flight
-    assert cli._peak_concurrency(sent, finish) == 3
+    assert metrics.peak_concurrency(sent, finish) == 3
 
 
 def test_percentile_key_spelling_follows_vllm():
-    assert cli._p_word(99.0) == "99" and cli._p_word(99.9) == "99.9"
+    assert metrics.percentile_word(99.0) == "99" and metrics.percentile_word(99.9) == "99.9"
+
+
+def test_bench_serve_stats_by_hand():
+    """vllm bench serve's statistics of 1, 2, 3, 4 and a NaN (left out): mean 2.5, median 2.5, population std
+    sqrt(1.25), p99 by linear interpolation 3 + 0.97 = 3.97, p50 2.5; an empty sample reads as one 0."""
+    got = metrics.bench_serve_stats("ttft", np.array([4.0, np.nan, 1.0, 3.0, 2.0]), [99, 50, 12.5])
+    assert got == pytest.approx({"mean_ttft_ms": 2.5, "median_ttft_ms": 2.5, "std_ttft_ms": 1.25 ** 0.5,
+                                 "p99_ttft_ms": 3.97, "p50_ttft_ms": 2.5, "p12.5_ttft_ms": 1.375}, rel=1e-12)
+    assert metrics.bench_serve_stats("x", np.array([np.nan]), [99]) == {"mean_x_ms": 0.0, "median_x_ms": 0.0,
+                                                                        "std_x_ms": 0.0, "p99_x_ms": 0.0}
 
 
 def test_main_returns_2_on_a_bad_file(tmp_path, capsys):
