@@ -2,7 +2,7 @@
 the kernels behind the engine layer.
 
 Every ``import`` of a batchlab module counts, lazy ones inside functions included, so a cycle cannot hide
-behind a function-level import; so does the package ``__init__`` an import runs first (``from ..calibrate.presets
+behind a function-level import; so does the package ``__init__`` an import runs first (``from ..calibrate.readback
 import x`` runs ``batchlab/calibrate/__init__.py``). Each size test prints the largest module or function it found.
 """
 from __future__ import annotations
@@ -101,14 +101,15 @@ def test_no_import_cycle():
 
 def test_package_init_edges_are_counted():
     """An import of a module in another package counts as an import of that package's ``__init__``: the cycle
-    calibrate -> validate -> calibrate.presets -> calibrate/__init__ (issue 25) was invisible without it."""
+    calibrate -> validate -> calibrate.presets (now .readback) -> calibrate/__init__ (issue 25) was invisible
+    without it."""
     modules = _modules()
     graph = _graph()
     assert "batchlab.calibrate" not in graph["batchlab.validate.ablation"]  # no longer imported, not hidden
     assert "batchlab.validate" in graph["batchlab.calibrate.serving"]  # calibrate sits above validate
     planted = PACKAGE / "validate" / "ablation.py"
     edges = _imports("batchlab.validate.ablation", planted, modules)
-    source = planted.read_text() + "\nfrom ..calibrate.presets import shipped_floors\n"
+    source = planted.read_text() + "\nfrom ..calibrate.readback import shipped_floors\n"
     tree_edges = _edges_of_source("batchlab.validate.ablation", planted, source, modules)
     assert "batchlab.calibrate" in tree_edges - edges  # the package __init__ edge a planted import adds
     assert _cycle({**graph, "batchlab.validate.ablation": tree_edges}) is not None  # and the cycle it closes

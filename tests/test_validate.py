@@ -129,7 +129,7 @@ def test_unrepresentable_runs_name_their_reason(runs):
 
 def test_unknown_run_id_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown run id 'no-such-run'"):
-        validate.replay("no-such-run")
+        validate.replay_run("no-such-run")
     with pytest.raises(ValueError, match="unknown run id"):
         validate.build_requests("no-such-run")
 
@@ -190,7 +190,7 @@ def test_stages_drain_and_the_cache_stays_warm(general):
     assert r["finish_s"][stages == 0].max() < r["arrival_s"][stages == 1].min()
     first_of_stage_1 = np.flatnonzero(stages == 1)[0]
     assert r["cached_tokens"].iloc[first_of_stage_1] > 0
-    one = validate.replay(f"{GENERAL_7B}/stage_0")
+    one = validate.replay_run(f"{GENERAL_7B}/stage_0")
     assert one["drained"] and not one["overloaded"]
 
 
@@ -245,7 +245,7 @@ def test_knobs_and_cost(runs):
     assert unrecorded["max_concurrency"] == 8 and "enable_prefix_caching" not in unrecorded
     assert validate.cost_for(SMALL_CLOSED).dtype == "fp8"
     with pytest.raises(ValueError, match="cost is for"):
-        validate.replay(SMALL_CLOSED, cost=cost)
+        validate.replay_run(SMALL_CLOSED, cost=cost)
     # An unpublished pool follows the cost model the replay uses: an FP8 KV cache holds twice the tokens.
     fp8_kv = validate.knobs_with(SMALL_CLOSED, validate.cost_for(SMALL_CLOSED, kv_dtype="fp8"))
     assert fp8_kv["num_kv_blocks"] > 1.9 * validate.knobs_for(SMALL_CLOSED)["num_kv_blocks"]
@@ -257,7 +257,7 @@ def test_knobs_and_cost(runs):
 
 def test_replay_predicts_finite_positive_means():
     for run_id in (ROLEPLAY_7B, SMALL_CLOSED):
-        out = validate.replay(run_id)
+        out = validate.replay_run(run_id)
         for metric in validate.METRICS:
             assert math.isfinite(out[f"predicted_{metric}_ms"]) and out[f"predicted_{metric}_ms"] > 0
             assert out[f"measured_{metric}_ms"] > 0
@@ -265,9 +265,9 @@ def test_replay_predicts_finite_positive_means():
 
 
 def test_replay_is_deterministic():
-    a, b = validate.replay(ROLEPLAY_7B, seed=3), validate.replay(ROLEPLAY_7B, seed=3)
+    a, b = validate.replay_run(ROLEPLAY_7B, seed=3), validate.replay_run(ROLEPLAY_7B, seed=3)
     assert a == b
-    c = validate.replay(ROLEPLAY_7B, seed=4)
+    c = validate.replay_run(ROLEPLAY_7B, seed=4)
     assert c["predicted_ttft_ms"] != a["predicted_ttft_ms"]  # the seed draws the send times
     r1, s1 = validate.build_requests(ROLEPLAY_7B, seed=3)
     r2, s2 = validate.build_requests(ROLEPLAY_7B, seed=3)
@@ -277,10 +277,10 @@ def test_replay_is_deterministic():
 def test_overloaded_runs_are_recognised(runs):
     overloaded = runs[runs["status"] == "overloaded"]
     for run_id in overloaded["run_id"]:
-        out = validate.replay(run_id)
+        out = validate.replay_run(run_id)
         assert out["overloaded"], run_id
         assert out["completion_rate_req_s"] < out["offered_rate_req_s"] or out["ttft_growth_s"] > 1.0
-    assert not validate.replay(ROLEPLAY_7B)["overloaded"]
+    assert not validate.replay_run(ROLEPLAY_7B)["overloaded"]
 
 
 def test_replay_all_and_error_summary(runs):
@@ -289,7 +289,7 @@ def test_replay_all_and_error_summary(runs):
     assert list(table["run_id"]) == [ROLEPLAY_7B] * 3 + [SMALL_CLOSED] * 3
     assert list(table["metric"]) == list(validate.METRICS) * 2
     assert table["rel_error"].to_numpy() == pytest.approx((table["predicted_ms"] / table["measured_ms"] - 1).to_numpy())
-    one = validate.replay(SMALL_CLOSED)
+    one = validate.replay_run(SMALL_CLOSED)
     assert table.loc[table["run_id"] == SMALL_CLOSED, "predicted_ms"].tolist() == [
         one[f"predicted_{m}_ms"] for m in validate.METRICS]
     fake = pd.DataFrame({"run_id": ["a", "b", "c", "d"], "set": ["s"] * 4, "metric": ["ttft"] * 4,

@@ -73,7 +73,7 @@ from .predict import (DIAGNOSTIC_SETS, ETA_FIELDS, NO_FLOORS, START, KernelFloor
 from .readers import (COLUMNS, HARDWARE, MEASURED_ENV, REFERENCE_MODEL, TIMINGS_FILE, llmservingsim_forward_s,
                       llmservingsim_layers, measured_dir, measured_timings, read_raw, write_timings)
 from .serving import SERVING_TERMS, ServingFit, fit_serving
-from .presets import shipped_floors, shipped_kernels_only, shipped_own_kernels
+from .readback import shipped_floors, shipped_kernels_only, shipped_own_kernels
 from .shipped import FIT_NOTES, main, parameter_table, serving_table, shipped_serving_terms
 
 __all__ = [

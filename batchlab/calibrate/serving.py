@@ -34,7 +34,7 @@ from ..hardware import get_hardware
 from ..models import get_model
 from ..validate import calibration_runs, cost_for, replay_all
 from .predict import load_gemm_kernels
-from .presets import shipped_floors, shipped_own_kernels
+from .readback import shipped_floors, shipped_own_kernels
 
 SERVING_TERMS = ("request_latency_s", "frontend_s_per_token", "cpu_step_s", "cpu_seq_s", "cpu_hidden_fraction",
                  "eta_compute_fp8", "eta_memory_fp8", "allreduce_latency_s")

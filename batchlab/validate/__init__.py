@@ -14,14 +14,14 @@ mechanism switched off in turn).
 """
 from .ablation import MECHANISMS, ablations, cost_without
 from .raw import E2E_ENV, RUNS_FILE, e2e_dir, read_raw
-from .replay import METRICS, overload_signs, replay, simulate_run
+from .replay import METRICS, overload_signs, replay_run, simulate_run
 from .runs import NOT_IN_DATA, calibration_runs, get_run, unrepresentable_reason
 from .setup import cost_for, knobs_for, knobs_with
 from .streams import build_requests
 from .tables import error_summary, replay_all
 
 __all__ = [
-    "E2E_ENV", "RUNS_FILE", "e2e_dir", "read_raw", "METRICS", "overload_signs", "replay", "simulate_run",
+    "E2E_ENV", "RUNS_FILE", "e2e_dir", "read_raw", "METRICS", "overload_signs", "replay_run", "simulate_run",
     "NOT_IN_DATA", "calibration_runs", "get_run", "unrepresentable_reason", "cost_for", "knobs_for",
     "knobs_with", "build_requests", "error_summary", "replay_all", "MECHANISMS", "ablations", "cost_without",
 ]

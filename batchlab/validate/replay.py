@@ -155,8 +155,9 @@ def _evaluate(run: pd.Series, result, stages: np.ndarray) -> dict:
     return out
 
 
-def replay(run, cost=None, seed=0, **knob_overrides) -> dict:
-    """Replay one calibration run: measured and predicted means, and whether the simulated server kept up.
+def replay_run(run, cost=None, seed=0, **knob_overrides) -> dict:
+    """One calibration run replayed: measured and predicted means, and whether the simulated server kept up (not
+    :func:`batchlab.replay`, which reads a public trace).
 
     Parameters
     ----------

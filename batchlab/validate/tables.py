@@ -55,7 +55,7 @@ def replay_all(runs=None, cost=None, seed=0, **knob_overrides) -> pd.DataFrame:
     -------
     pandas.DataFrame
         One row per run and metric (``ttft``, ``tpot``, ``e2e``), runs in table order: ``run_id``, ``metric``,
-        the run's descriptors (see :func:`batchlab.validate.replay`), ``measured_ms``, ``predicted_ms`` and
+        the run's descriptors (see :func:`batchlab.validate.replay_run`), ``measured_ms``, ``predicted_ms`` and
         ``rel_error`` = predicted / measured - 1.
     """
     table = _as_table(runs)

@@ -1,4 +1,5 @@
-"""The per-operator stage's values that are not CostModel fields, read back from ``data/calibration.csv``."""
+"""The shipped calibration read back: the per-operator stage's values that are not CostModel fields, from
+``data/calibration.csv`` (which :mod:`.shipped` writes and :func:`batchlab._data.read_calibration` reads)."""
 from __future__ import annotations
 
 from .._data import KERNELS_ONLY, kernels_only, read_calibration
