@@ -37,6 +37,7 @@ SHARED = {  # the package's other modules: what several chapters read, or one ch
     "iteration_picker": "chapter 7's iteration picker: one iteration's rows and where its time goes",
     "two_knobs_charts": "chapter 8's chart of the two-knob sweep (its constants re-exported by two_knobs)",
     "tuning_charts": "chapter 9's goodput map over the two knobs (re-exported by batchlab.chapters.tuning)",
+    "prefix_caching_charts": "chapter 10's pool and budget charts (re-exported by batchlab.chapters.prefix_caching)",
     "validation_e2e": "chapter 13's whole-server part (re-exported by batchlab.chapters.validation)",
 }
 
