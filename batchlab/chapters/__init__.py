@@ -39,6 +39,7 @@ SHARED = {  # the package's other modules: what several chapters read, or one ch
     "tuning_charts": "chapter 9's goodput map over the two knobs (re-exported by batchlab.chapters.tuning)",
     "prefix_caching_charts": "chapter 10's pool and budget charts (re-exported by batchlab.chapters.prefix_caching)",
     "validation_e2e": "chapter 13's whole-server part (re-exported by batchlab.chapters.validation)",
+    "validation_v060": "chapter 13's replay of vLLM v0.6.0's published figures (re-exported by validation)",
 }
 
 
