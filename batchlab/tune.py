@@ -320,6 +320,49 @@ def _point(row) -> dict:
     return out
 
 
+def _grid(cost, max_num_seqs, max_num_batched_tokens, long_prefill_token_threshold):
+    """The configurations :func:`tune` runs, vLLM's defaults among them: ``(keys, points, default, is_default)``.
+
+    ``keys`` are the searched knobs, ``points`` a frame with one row per configuration (the product of the
+    grids, in order; the defaults appended last when the grid does not hold them), ``default`` vLLM's defaults
+    for ``cost.hardware`` (``long_prefill_token_threshold`` 0 when it is searched) and ``is_default`` a boolean
+    per row of ``points``. The grids' defaults are :data:`DEFAULT_MAX_NUM_SEQS` (sequences) and
+    :data:`DEFAULT_MAX_NUM_BATCHED_TOKENS` (tokens per iteration).
+    """
+    grid = {"max_num_seqs": _values("max_num_seqs", DEFAULT_MAX_NUM_SEQS if max_num_seqs is None else max_num_seqs),
+            "max_num_batched_tokens": _values("max_num_batched_tokens", DEFAULT_MAX_NUM_BATCHED_TOKENS
+                                              if max_num_batched_tokens is None else max_num_batched_tokens)}
+    if long_prefill_token_threshold is not None:
+        grid[KNOBS[2]] = _values(KNOBS[2], long_prefill_token_threshold)
+    keys = list(grid)
+    points = pd.DataFrame([dict(zip(keys, combo)) for combo in
+                           pd.MultiIndex.from_product([grid[k] for k in keys]).tolist()])
+    default = {**vllm_defaults(cost.hardware), **({KNOBS[2]: 0} if KNOBS[2] in grid else {})}
+    is_default = np.all([points[k].to_numpy() == v for k, v in default.items()], axis=0)
+    if not is_default.any():
+        points = pd.concat([points, pd.DataFrame([default])], ignore_index=True)
+        is_default = np.append(is_default, True)
+    return keys, points, default, is_default
+
+
+def _best(accepted: pd.DataFrame, default_goodput: float, keys, default: dict, tol: float) -> pd.Series:
+    """The row of ``accepted`` (the runs vLLM accepts) that :func:`tune` picks, by steps 1 to 5 of its docstring.
+
+    ``default_goodput`` is the defaults' goodput (req/s), ``keys`` the searched knobs (the last tie-breaks, in
+    order), ``default`` vLLM's defaults (the distance of step 4) and ``tol`` the relative tolerance (0 to 1) on
+    goodput and SLO load.
+    """
+    goodput = accepted["request_goodput"]
+    floor = max((1 - tol) * goodput.max(), default_goodput)
+    candidates = accepted[goodput >= floor]  # tied with the largest and at least the defaults' (the largest is)
+    load = candidates["slo_load"]
+    if load.notna().any():  # the most headroom, and loads within the tolerance of it
+        candidates = candidates[load <= load.min() * (1 + tol)]
+    distance = sum(np.abs(np.log2(candidates[k].clip(lower=1) / max(v, 1))) for k, v in default.items())
+    order = candidates.assign(_distance=distance).sort_values(["_distance", *keys], kind="mergesort")
+    return order.iloc[0]
+
+
 def tune(requests, cost, slo: SLO, *, max_num_seqs=None, max_num_batched_tokens=None,
          long_prefill_token_threshold=None, policy: str = "chunked", executor=None, progress: bool = True,
          goodput_rel_tol: float = 0.01, **fixed_knobs) -> TuneResult:
@@ -387,20 +430,9 @@ def tune(requests, cost, slo: SLO, *, max_num_seqs=None, max_num_batched_tokens=
     tol = goodput_rel_tol
     if isinstance(tol, bool) or not isinstance(tol, (int, float, np.integer, np.floating)) or not 0 <= tol < 1:
         raise ValueError(f"goodput_rel_tol must be a number in [0, 1), got {tol!r}")
-    grid = {"max_num_seqs": _values("max_num_seqs", DEFAULT_MAX_NUM_SEQS if max_num_seqs is None else max_num_seqs),
-            "max_num_batched_tokens": _values("max_num_batched_tokens", DEFAULT_MAX_NUM_BATCHED_TOKENS
-                                              if max_num_batched_tokens is None else max_num_batched_tokens)}
-    if long_prefill_token_threshold is not None:
-        grid[KNOBS[2]] = _values(KNOBS[2], long_prefill_token_threshold)
+    keys, points, default, is_default = _grid(cost, max_num_seqs, max_num_batched_tokens,
+                                              long_prefill_token_threshold)
     fixed_knobs.pop("record_tokens", None)
-    keys = list(grid)
-    points = pd.DataFrame([dict(zip(keys, combo)) for combo in
-                           pd.MultiIndex.from_product([grid[k] for k in keys]).tolist()])
-    default = {**vllm_defaults(cost.hardware), **({KNOBS[2]: 0} if KNOBS[2] in grid else {})}
-    is_default = np.all([points[k].to_numpy() == v for k, v in default.items()], axis=0)
-    if not is_default.any():
-        points = pd.concat([points, pd.DataFrame([default])], ignore_index=True)
-        is_default = np.append(is_default, True)
     refused = (points["max_num_batched_tokens"] < points["max_num_seqs"]).to_numpy()
     runs = sweep(requests, points[~refused].to_dict("records"), cost, policy=policy, executor=executor,
                  progress=progress, slo=slo, **fixed_knobs)
@@ -412,15 +444,7 @@ def tune(requests, cost, slo: SLO, *, max_num_seqs=None, max_num_batched_tokens=
     table.insert(len(keys), "vllm_refuses", refused)
     table.insert(len(keys) + 1, "vllm_default", is_default)
     accepted = table[~refused]
-    goodput = accepted["request_goodput"]
-    floor = max((1 - tol) * goodput.max(), float(table.loc[is_default, "request_goodput"].iloc[0]))
-    candidates = accepted[goodput >= floor]  # tied with the largest and at least the defaults' (the largest is)
-    load = candidates["slo_load"]
-    if load.notna().any():  # the most headroom, and loads within the tolerance of it
-        candidates = candidates[load <= load.min() * (1 + tol)]
-    distance = sum(np.abs(np.log2(candidates[k].clip(lower=1) / max(v, 1))) for k, v in default.items())
-    order = candidates.assign(_distance=distance).sort_values(["_distance", *keys], kind="mergesort")
-    best = _point(order.iloc[0])
+    best = _point(_best(accepted, float(table.loc[is_default, "request_goodput"].iloc[0]), keys, default, tol))
     defaults = _point(table[is_default].iloc[0])
     frontier = pareto_front(accepted, "request_goodput", "p99_ttft_ms")
     b, d = best["request_goodput"], defaults["request_goodput"]

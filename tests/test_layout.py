@@ -11,8 +11,11 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "batchlab"
-MAX_MODULE_LINES = 700
-MAX_FUNCTION_LINES = 150
+MAX_MODULE_LINES = 600  # DESIGN section 2
+MAX_FUNCTION_LINES = 100  # DESIGN section 2
+# TEMPORARY: functions being shrunk below MAX_FUNCTION_LINES on other branches, excluded from the function test
+# until those branches merge; remove each name as its branch lands, then the whole set. Module.function names.
+PENDING = {"batchlab._kernels.engine._run_until", "batchlab._kernels.batched.run_batched", "batchlab.sim.simulate"}
 
 
 def _modules() -> dict[str, Path]:
@@ -145,11 +148,15 @@ def test_module_sizes():
 
 
 def test_function_sizes():
-    lengths = {}
+    lengths, pending_seen = {}, set()
     for name, path in _modules().items():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                if f"{name}.{node.name}" in PENDING:
+                    pending_seen.add(f"{name}.{node.name}")
+                    continue
                 lengths[f"{name}.{node.name}:{node.lineno}"] = node.end_lineno - node.lineno + 1
+    assert pending_seen == PENDING, f"PENDING names no function: {sorted(PENDING - pending_seen)}"
     largest = max(lengths, key=lengths.get)
     print(f"largest function: {largest}, {lengths[largest]} lines (limit {MAX_FUNCTION_LINES})")
     assert lengths[largest] <= MAX_FUNCTION_LINES, {k: v for k, v in lengths.items() if v > MAX_FUNCTION_LINES}

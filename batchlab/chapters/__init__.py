@@ -35,7 +35,11 @@ SHARED = {  # the package's other modules: what several chapters read, or one ch
     "scenes": "the named settings every fact comes from (model, GPU, traffic, load), and the long-prompt scene",
     "verdicts": "one verdict per claim of the article, read by every chapter that states it",
     "iteration_picker": "chapter 7's iteration picker: one iteration's rows and where its time goes",
+    "two_knobs_charts": "chapter 8's chart of the two-knob sweep (its constants re-exported by two_knobs)",
+    "tuning_charts": "chapter 9's goodput map over the two knobs (re-exported by batchlab.chapters.tuning)",
+    "prefix_caching_charts": "chapter 10's pool and budget charts (re-exported by batchlab.chapters.prefix_caching)",
     "validation_e2e": "chapter 13's whole-server part (re-exported by batchlab.chapters.validation)",
+    "validation_v060": "chapter 13's replay of vLLM v0.6.0's published figures (re-exported by validation)",
 }
 
 
