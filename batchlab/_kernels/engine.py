@@ -21,12 +21,11 @@ from .iterations import (_account_tokens, _admit_waiting, _admit_whole_prompts, 
                          _release_finished, _run_scheduled, _schedule_running, _send_and_queue, _settle_last,
                          _settle_risky, _stamp_events)
 from .layout import (CLOCK_BUSY, CLOCK_LAST_START, CLOCK_NOW, CLOCK_PREV_END, CONFIG_RECORD, CONFIG_RECORD_STEPS,
-                     ENGINE_RUN, ENGINE_STATE, KIND_PREEMPT, N_CLOCK, N_STATE,
-                     REQ_LAST_STEP, REQ_OUTPUT, REQ_PROMPT, REQ_RISK, RULE_ASYNC, RULE_CHUNKING, RULE_PREFIX_CACHE,
-                     RULE_THRESHOLD_ALONE, RUN_COLUMNS, SCHED_COLUMNS, ST_FINISHED, ST_FIRST_HELD, ST_FREE_BLOCKS,
-                     ST_CACHED_BLOCKS, ST_NEXT, ST_PENDING, ST_RUNNING, ST_SCHED, ST_SEATS, ST_STEPS, ST_WAIT_LEN,
-                     STATUS_FULL, STATUS_OK, STATUS_PAUSED,
-                     STATUS_STUCK, STEP_COLUMNS, TIME_SEEN, TOTAL_BUSY_S, TOTAL_SEQ_STEPS, TOTAL_STEPS)
+                     ENGINE_RUN, ENGINE_STATE, KIND_PREEMPT, N_CLOCK, N_STATE, NO_ROW, REQ_LAST_STEP, REQ_OUTPUT,
+                     REQ_PROMPT, REQ_RISK, RULE_ASYNC, RULE_CHUNKING, RULE_PREFIX_CACHE, RULE_THRESHOLD_ALONE,
+                     RUN_COLUMNS, SCHED_COLUMNS, ST_FINISHED, ST_FIRST_HELD, ST_FREE_BLOCKS, ST_CACHED_BLOCKS, ST_NEXT,
+                     ST_PENDING, ST_RUNNING, ST_SCHED, ST_SEATS, ST_STEPS, ST_WAIT_LEN, STATUS_FULL, STATUS_OK,
+                     STATUS_PAUSED, STATUS_STUCK, STEP_COLUMNS, TIME_SEEN, TOTAL_BUSY_S, TOTAL_SEQ_STEPS, TOTAL_STEPS)
 from .records import blocks_for, grow, write_sched, write_step
 
 
@@ -51,7 +50,7 @@ def new_engine(n, caching, max_num_seqs, usable_blocks, max_blocks, max_concurre
     st = np.zeros(N_STATE, np.int64)
     st[ST_FREE_BLOCKS] = usable_blocks
     st[ST_SEATS] = rows if caching else 0
-    st[ST_FIRST_HELD] = 1 << 62
+    st[ST_FIRST_HELD] = NO_ROW
     clock = np.zeros(N_CLOCK)
     clock[CLOCK_PREV_END] = np.nan
     run = np.zeros((rows, RUN_COLUMNS), np.int64)
@@ -187,7 +186,7 @@ def _run_until(engine, steps, sched, risky, live, req, times, tok_times, prefix_
             if asynchronous and busy:
                 # The plan made while the last step ran was empty: the engine waits for that step and plans again.
                 _release_finished(st, run, run_t, req, 0, -1, False, now, slot_times, pool, seat_blocks)
-                first_held = 1 << 62
+                first_held = NO_ROW
                 busy = False
                 continue
             # Only possible when every waiting request was just rejected; anything else is a bug.

@@ -22,10 +22,10 @@ from .engine import advance, finish_engine, new_engine, new_records, next_plan_s
 from .entry import _tables, _token_offsets, clear_unemitted, reject_up_front
 from .layout import (CONFIG_BLOCK_SIZE, CONFIG_CHUNKED, CONFIG_MAX_BLOCKS, CONFIG_PREFIX_TOKENS, CONFIG_RECORD_STEPS,
                      CONFIG_RULES, ENGINE_CLOCK, ENGINE_DONE_LOG, ENGINE_ITL, ENGINE_POOL, ENGINE_STATE, ENGINE_TOTALS,
-                     ITL_BINS, N_TOTALS, REQ_EMITTED, REQ_OUTPUT, REQ_PRELOADED, REQ_PROMPT, ROUTE_LEAST_OUTSTANDING,
-                     ROUTE_PREFIX, ROUTE_ROUND_ROBIN, RULE_CHUNKING, RULE_PREFIX_CACHE, SCHED_COLUMNS, ST_DONE,
-                     ST_FINISHED, STATUS_OK, STATUS_STUCK, STEP_COLUMNS, TIME_ARRIVAL, TIME_FIRST, TIME_LAST, TIME_SEEN,
-                     TIME_SENT)
+                     ITL_BINS, MAX_COUNT, N_TOTALS, REQ_EMITTED, REQ_OUTPUT, REQ_PRELOADED, REQ_PROMPT,
+                     ROUTE_LEAST_OUTSTANDING, ROUTE_PREFIX, ROUTE_ROUND_ROBIN, RULE_CHUNKING, RULE_PREFIX_CACHE,
+                     SCHED_COLUMNS, ST_DONE, ST_FINISHED, STATUS_OK, STATUS_STUCK, STEP_COLUMNS, TIME_ARRIVAL,
+                     TIME_FIRST, TIME_LAST, TIME_SEEN, TIME_SENT)
 
 
 @njit(cache=True)
@@ -41,7 +41,7 @@ def _route(router, engines, counts, lo, hi, turn, req, r, block_size, prefix_ids
         return lo + turn % (hi - lo)
     best = lo
     best_hits = -1
-    best_out = 1 << 62
+    best_out = MAX_COUNT
     for i in range(lo, hi):
         engine = engines[i]
         outstanding = counts[i] - engine[ENGINE_STATE][ST_FINISHED]

@@ -17,14 +17,14 @@ from numba import njit
 
 from . import kvcache as kv
 from .cost import serve_time
-from .layout import (KIND_CACHED, KIND_DECODE, KIND_PREFILL, REJECT_RECOMPUTE, REQ_CACHED, REQ_COMPUTED, REQ_EMITTED,
-                     REQ_HIGH_WATER, REQ_LAST_HIT, REQ_LAST_STEP, REQ_LOST, REQ_OUTPUT, REQ_PREEMPT, REQ_PRELOADED,
-                     REQ_PROMPT, REQ_RECOMPUTED, REQ_REJECT, REQ_RISK, REQ_TOK_OFF, RULE_CHUNKING, RULE_RESERVE_FULL,
-                     RULE_STOP_UNFIT, RUN_BLOCKS, RUN_CACHED, RUN_COLUMNS, RUN_COMP, RUN_EMIT, RUN_HIT, RUN_LAST,
-                     RUN_OUT, RUN_PROMPT, RUN_REQ, RUN_RISK, RUN_SEAT, RUN_TOK, RUN_TOKPOS, ST_DONE, ST_FINISHED,
-                     ST_FREE_BLOCKS, ST_IN_FLIGHT, ST_NEXT, ST_PENDING, ST_RUNNING, ST_SCHED, ST_SLOT_HEAD, ST_STEPS,
-                     ST_WAIT_HEAD, ST_WAIT_LEN, TIME_ARRIVAL, TIME_FINISH, TIME_FIRST, TIME_LAST, TIME_RELEASE,
-                     TIME_SCHED, TIME_SEEN, TIME_SENT)
+from .layout import (KIND_CACHED, KIND_DECODE, KIND_PREFILL, NO_ROW, REJECT_RECOMPUTE, REQ_CACHED, REQ_COMPUTED,
+                     REQ_EMITTED, REQ_HIGH_WATER, REQ_LAST_HIT, REQ_LAST_STEP, REQ_LOST, REQ_OUTPUT, REQ_PREEMPT,
+                     REQ_PRELOADED, REQ_PROMPT, REQ_RECOMPUTED, REQ_REJECT, REQ_RISK, REQ_TOK_OFF, RULE_CHUNKING,
+                     RULE_RESERVE_FULL, RULE_STOP_UNFIT, RUN_BLOCKS, RUN_CACHED, RUN_COLUMNS, RUN_COMP, RUN_EMIT,
+                     RUN_HIT, RUN_LAST, RUN_OUT, RUN_PROMPT, RUN_REQ, RUN_RISK, RUN_SEAT, RUN_TOK, RUN_TOKPOS, ST_DONE,
+                     ST_FINISHED, ST_FREE_BLOCKS, ST_IN_FLIGHT, ST_NEXT, ST_PENDING, ST_RUNNING, ST_SCHED, ST_SLOT_HEAD,
+                     ST_STEPS, ST_WAIT_HEAD, ST_WAIT_LEN, TIME_ARRIVAL, TIME_FINISH, TIME_FIRST, TIME_LAST,
+                     TIME_RELEASE, TIME_SCHED, TIME_SEEN, TIME_SENT)
 from .gaps import add_gaps
 from .records import blocks_for, write_sched
 
@@ -474,7 +474,7 @@ def _release_finished(st, run, run_t, req, first, step_index, hold, end_s, slot_
     j = first  # rows kept so far end here
     seg = first  # rows [seg, i) stay, not moved yet
     held = 0
-    first_held = 1 << 62
+    first_held = NO_ROW
     n_running = st[ST_RUNNING]
     for i in range(first, n_running):
         if run[i, RUN_EMIT] != run[i, RUN_OUT]:
