@@ -10,10 +10,10 @@ import numpy as np
 from . import _validate
 
 from ._kernels import (POLICIES, RULE_ASYNC, RULE_CHUNKING, RULE_PREFIX_CACHE, RULE_RESERVE_FULL, RULE_STOP_UNFIT,
-                       RULE_THRESHOLD_ALONE, STATUS_OK, simulate_kernel)
+                       RULE_THRESHOLD_ALONE, STATUS_OK, Knobs, Stream, simulate_kernel)
 from .cost import CostModel
 from .hardware import GiB
-from .result import PROGRESS_GUARD, KernelOutput, SimResult
+from .result import PROGRESS_GUARD, SimResult
 from .workload import Requests
 
 POLICY_CODE = {name: i for i, name in enumerate(POLICIES)}
@@ -299,15 +299,14 @@ def simulate(requests, policy: str, cost, *, batch_size=None, max_queue_delay_s=
     for name, bit in _CHUNKED_SWITCHES.items():
         rules |= bit if knobs.get(name, name == "enable_chunked_prefill") else 0
     prefix_ids = np.unique(requests.prefix_ids, return_inverse=True)[1].astype(np.int64).reshape(-1)
-    raw = simulate_kernel(
-        requests.arrival_s, requests.prompt_tokens, output, POLICY_CODE[policy], cost.coefficients(),
-        knobs.get("batch_size", 1), knobs.get("max_queue_delay_s", 0.0), knobs.get("max_num_seqs", 1),
-        knobs.get("max_num_batched_tokens", 0), knobs.get("long_prefill_token_threshold", 0), rules,
-        knobs.get("prefill_only_steps", False), knobs["num_kv_blocks"] - 1, knobs["block_size"], record,
-        knobs.get("max_concurrency") or 0, max_model_len, prefix_ids, requests.prefix_offsets,
-        requests.prefix_block_tokens, record_tokens,
-    )
-    out = KernelOutput(*raw)
+    stream = Stream(requests.arrival_s, requests.prompt_tokens, output, prefix_ids, requests.prefix_offsets,
+                    requests.prefix_block_tokens)
+    out = simulate_kernel(stream, Knobs(
+        POLICY_CODE[policy], cost.coefficients(), knobs.get("batch_size", 1), knobs.get("max_queue_delay_s", 0.0),
+        knobs.get("max_num_seqs", 1), knobs.get("max_num_batched_tokens", 0),
+        knobs.get("long_prefill_token_threshold", 0), rules, knobs.get("prefill_only_steps", False),
+        knobs["num_kv_blocks"] - 1, knobs["block_size"], record, knobs.get("max_concurrency") or 0, max_model_len,
+        record_tokens))
     if out.status != STATUS_OK:
         raise RuntimeError(PROGRESS_GUARD)
     return SimResult(requests, policy, cost, dict(knobs), out, record, output, record_tokens)

@@ -153,9 +153,3 @@ POOL_HEADER = len(POOL_HEADER_NAMES)
 # -- several engines (fleet.py) -----------------------------------------------------------------------------------
 ROUTERS = ("round_robin", "least_outstanding", "prefix_aware")
 ROUTE_ROUND_ROBIN, ROUTE_LEAST_OUTSTANDING, ROUTE_PREFIX = range(len(ROUTERS))
-# Fields of an engine tuple (engine.new_engine) and of a loop's configuration tuple (engine.run_iterations).
-ENGINE_STATE, ENGINE_CLOCK, ENGINE_RUN, ENGINE_POOL, ENGINE_DONE_LOG = 0, 1, 2, 11, 15
-ENGINE_ITL, ENGINE_TOTALS = 16, 17
-(CONFIG_COEF, CONFIG_CHUNKED, CONFIG_RULES, CONFIG_MAX_NUM_SEQS, CONFIG_BUDGET, CONFIG_THRESHOLD,
- CONFIG_PREFILL_ONLY_STEPS, CONFIG_USABLE_BLOCKS, CONFIG_BLOCK_SIZE, CONFIG_RECORD, CONFIG_PREFIX_TOKENS,
- CONFIG_RECORD_STEPS, CONFIG_MAX_BLOCKS) = range(13)
