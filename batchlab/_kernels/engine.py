@@ -130,6 +130,36 @@ def _room(st, steps, sched, risky, rows, record, record_steps):
     return need_steps <= steps.shape[0] and need_sched <= sched.shape[0] and need_risky <= risky.shape[0]
 
 
+@njit(cache=True, _nrt=False)
+def _plan(engine, sched, req, times, tok_times, config, now, prev_end):
+    """Plan one iteration at ``now`` (DESIGN sections 4 and 4c): Orca's admission of whole prompts, or chunked steps
+    1 (running requests first, preempting) and 2 (waiting ones, unless someone was preempted). Returns the rows of
+    the iteration ``[lo, hi)`` and how many are scheduled; the requests preempted go into ``sched`` (``record``)."""
+    st = engine.st
+    thr = config.threshold
+    if config.rules & RULE_THRESHOLD_ALONE and st[ST_RUNNING] + st[ST_WAIT_LEN] <= 1:
+        thr = 0  # nobody to starve
+    if not config.chunked:
+        first_new = _admit_whole_prompts(st, engine.run, engine.run_t, engine.wait, req, times, now, config.budget,
+                                         config.max_num_seqs, config.block_size)
+        lo = first_new if (config.prefill_only_steps and st[ST_RUNNING] > first_new) else 0
+        hi = st[ST_RUNNING]
+        return lo, hi, hi - lo
+    hi, n_scheduled, left, n_victims, n_dropped = _schedule_running(engine, config, req, times, thr, st[ST_STEPS],
+                                                                    prev_end, tok_times)
+    # Nobody is admitted in an iteration that preempted.
+    if n_dropped == 0 and st[ST_WAIT_LEN] > 0 and left > 0 and st[ST_RUNNING] < config.max_num_seqs:
+        _admit_waiting(engine, config, req, times, now, left, thr)
+        if st[ST_RUNNING] > hi:
+            n_scheduled += st[ST_RUNNING] - hi
+            hi = st[ST_RUNNING]
+    if config.record:
+        for k in range(n_victims):
+            write_sched(sched, st[ST_SCHED], st[ST_STEPS], engine.victims[k], 0, KIND_PREEMPT)
+            st[ST_SCHED] += 1
+    return 0, hi, n_scheduled
+
+
 @njit(cache=True)
 def _run_until(engine, steps, sched, risky, live, req, times, tok_times, config, until_s):
     """:func:`advance`'s loop; returns its status, or ``STATUS_FULL`` when a record has no room for one more
@@ -169,30 +199,7 @@ def _run_until(engine, steps, sched, risky, live, req, times, tok_times, config,
             now = max(now, next_sent)
             busy = False
             continue
-        thr = config.threshold
-        if config.rules & RULE_THRESHOLD_ALONE and st[ST_RUNNING] + st[ST_WAIT_LEN] <= 1:
-            thr = 0  # nobody to starve
-        if not config.chunked:
-            first_new = _admit_whole_prompts(st, run, run_t, wait, req, times, now, config.budget,
-                                             config.max_num_seqs, config.block_size)
-            lo = first_new if (config.prefill_only_steps and st[ST_RUNNING] > first_new) else 0
-            hi = st[ST_RUNNING]
-            n_scheduled = hi - lo
-            n_victims = 0
-        else:
-            hi, n_scheduled, left, n_victims, n_dropped = _schedule_running(engine, config, req, times, thr,
-                                                                            st[ST_STEPS], prev_end, tok_times)
-            # Nobody is admitted in an iteration that preempted.
-            if n_dropped == 0 and st[ST_WAIT_LEN] > 0 and left > 0 and st[ST_RUNNING] < config.max_num_seqs:
-                _admit_waiting(engine, config, req, times, now, left, thr)
-                if st[ST_RUNNING] > hi:
-                    n_scheduled += st[ST_RUNNING] - hi
-                    hi = st[ST_RUNNING]
-            lo = 0
-        if record:
-            for k in range(n_victims):
-                write_sched(sched, st[ST_SCHED], st[ST_STEPS], engine.victims[k], 0, KIND_PREEMPT)
-                st[ST_SCHED] += 1
+        lo, hi, n_scheduled = _plan(engine, sched, req, times, tok_times, config, now, prev_end)
         if n_scheduled == 0:
             if asynchronous and busy:
                 # The plan made while the last step ran was empty: the engine waits for that step and plans again.
