@@ -131,33 +131,37 @@ def _room(st, steps, sched, risky, rows, record, record_steps):
 
 
 @njit(cache=True, _nrt=False)
-def _plan(engine, sched, req, times, tok_times, config, now, prev_end):
-    """Plan one iteration at ``now`` (DESIGN sections 4 and 4c): Orca's admission of whole prompts, or chunked steps
-    1 (running requests first, preempting) and 2 (waiting ones, unless someone was preempted). Returns the rows of
-    the iteration ``[lo, hi)`` and how many are scheduled; the requests preempted go into ``sched`` (``record``)."""
-    st = engine.st
-    thr = config.threshold
-    if config.rules & RULE_THRESHOLD_ALONE and st[ST_RUNNING] + st[ST_WAIT_LEN] <= 1:
-        thr = 0  # nobody to starve
-    if not config.chunked:
-        first_new = _admit_whole_prompts(st, engine.run, engine.run_t, engine.wait, req, times, now, config.budget,
-                                         config.max_num_seqs, config.block_size)
-        lo = first_new if (config.prefill_only_steps and st[ST_RUNNING] > first_new) else 0
-        hi = st[ST_RUNNING]
-        return lo, hi, hi - lo
-    hi, n_scheduled, left, n_victims, n_dropped = _schedule_running(engine, config, req, times, thr, st[ST_STEPS],
-                                                                    prev_end, tok_times)
-    # Nobody is admitted in an iteration that preempted.
-    if n_dropped == 0 and st[ST_WAIT_LEN] > 0 and left > 0 and st[ST_RUNNING] < config.max_num_seqs:
-        _admit_waiting(engine, config, req, times, now, left, thr)
-        if st[ST_RUNNING] > hi:
-            n_scheduled += st[ST_RUNNING] - hi
-            hi = st[ST_RUNNING]
-    if config.record:
-        for k in range(n_victims):
-            write_sched(sched, st[ST_SCHED], st[ST_STEPS], engine.victims[k], 0, KIND_PREEMPT)
-            st[ST_SCHED] += 1
-    return 0, hi, n_scheduled
+def _record_preempted(sched, st, victims, n_victims):
+    """A schedule row for each request preempted in this iteration (``victims``)."""
+    for k in range(n_victims):
+        write_sched(sched, st[ST_SCHED], st[ST_STEPS], victims[k], 0, KIND_PREEMPT)
+        st[ST_SCHED] += 1
+
+
+@njit(cache=True, _nrt=False)
+def _time_step(steps, st, totals, coef, now, prefill_tokens, decode_seqs, attn_work, cached, sampled, n_scheduled,
+               asynchronous, record_steps, usable_blocks):
+    """The iteration planned at ``now``, timed by the cost model (``step_cost``) and counted: its row of ``steps``
+    (``record_steps``), the iteration, its busy time and its sequence-steps. Returns its duration (s)."""
+    dur, _g, _a, _c, _e, _l, _u, flops, nbytes, bound = step_cost(
+        coef, decode_seqs + prefill_tokens, attn_work, cached, sampled, n_scheduled, asynchronous)
+    if record_steps:
+        write_step(steps, st[ST_STEPS], now, dur, prefill_tokens, decode_seqs, st[ST_RUNNING],
+                   usable_blocks - st[ST_FREE_BLOCKS], bound, flops, nbytes, st[ST_CACHED_BLOCKS])
+    st[ST_STEPS] += 1
+    totals[TOTAL_BUSY_S] += dur
+    totals[TOTAL_SEQ_STEPS] += st[ST_RUNNING]
+    return dur
+
+
+@njit(cache=True, _nrt=False)
+def _park(st, clock, now, last_start, prev_end, busy, first_held):
+    """The loop's running values back into the engine (``clock``, ``ST_FIRST_HELD``): the next call resumes there."""
+    clock[CLOCK_NOW] = now
+    clock[CLOCK_LAST_START] = last_start
+    clock[CLOCK_PREV_END] = prev_end
+    clock[CLOCK_BUSY] = 1.0 if busy else 0.0
+    st[ST_FIRST_HELD] = first_held
 
 
 @njit(cache=True)
@@ -166,19 +170,20 @@ def _run_until(engine, steps, sched, risky, live, req, times, tok_times, config,
     iteration (the engine's state then is that of a pause: nothing of the next iteration has happened)."""
     st, clock, run, run_t = engine.st, engine.clock, engine.run, engine.run_t
     gap_t, gap_req, events, wait = engine.gap_t, engine.gap_req, engine.events, engine.wait
-    slot_times = engine.slot_times
-    pool, seat_blocks, frontend, done_log = engine.pool, engine.seat_blocks, engine.frontend, engine.done_log
+    skipped, victims, slot_times, pool = engine.skipped, engine.victims, engine.slot_times, engine.pool
+    seat_blocks, hit_slots, frontend, done_log = engine.seat_blocks, engine.hit_slots, engine.frontend, engine.done_log
     itl, totals = engine.itl, engine.totals
-    coef, record, record_steps, usable_blocks = config.coef, config.record, config.record_steps, config.usable_blocks
+    coef, chunked, rules, max_num_seqs = config.coef, config.chunked, config.rules, config.max_num_seqs
+    budget, threshold, prefill_only_steps = config.budget, config.threshold, config.prefill_only_steps
+    usable_blocks, block_size, record = config.usable_blocks, config.block_size, config.record
+    prefix_tokens, record_steps = config.prefix_tokens, config.record_steps
+    max_blocks, prefix_ids = config.max_blocks, config.prefix_ids
     n_live = live.shape[0]
-    asynchronous = config.chunked and config.rules & RULE_ASYNC != 0
-    now = clock[CLOCK_NOW]
-    last_start = clock[CLOCK_LAST_START]
-    prev_end = clock[CLOCK_PREV_END]
+    asynchronous = chunked and rules & RULE_ASYNC != 0
+    now, last_start, prev_end = clock[CLOCK_NOW], clock[CLOCK_LAST_START], clock[CLOCK_PREV_END]
     busy = clock[CLOCK_BUSY] > 0  # a step has just run, so async scheduling planned this one when that step started
     first_held = st[ST_FIRST_HELD]  # the first row async scheduling still holds after it finished
-    status = STATUS_OK
-    rows = run.shape[0]
+    status, rows = STATUS_OK, run.shape[0]
     while st[ST_FINISHED] < n_live:
         if not _room(st, steps, sched, risky, rows, record, record_steps):
             status = STATUS_FULL
@@ -199,7 +204,25 @@ def _run_until(engine, steps, sched, risky, live, req, times, tok_times, config,
             now = max(now, next_sent)
             busy = False
             continue
-        lo, hi, n_scheduled = _plan(engine, sched, req, times, tok_times, config, now, prev_end)
+        thr = 0 if rules & RULE_THRESHOLD_ALONE and st[ST_RUNNING] + st[ST_WAIT_LEN] <= 1 else threshold  # alone
+        if not chunked:  # Orca's admission
+            first_new = _admit_whole_prompts(st, run, run_t, wait, req, times, now, budget, max_num_seqs, block_size)
+            lo = first_new if (prefill_only_steps and st[ST_RUNNING] > first_new) else 0
+            hi = st[ST_RUNNING]
+            n_scheduled = hi - lo
+            n_victims = 0
+        else:  # chunked steps 1 (running requests first, preempting) and 2 (the waiting ones)
+            hi, n_scheduled, left, n_victims, n_dropped = _schedule_running(
+                st, run, run_t, wait, req, times, victims, budget, thr, block_size, pool, seat_blocks, prefix_ids,
+                prefix_tokens, max_blocks + 1, st[ST_STEPS], prev_end, tok_times)
+            if n_dropped == 0 and st[ST_WAIT_LEN] > 0 and left > 0 and st[ST_RUNNING] < max_num_seqs:  # no preemption
+                _admit_waiting(st, run, run_t, wait, skipped, slot_times, pool, seat_blocks, hit_slots, req, times,
+                               config, now, left, thr)
+                n_scheduled += st[ST_RUNNING] - hi  # the rows admitted (the pass reached every running row)
+                hi = st[ST_RUNNING]
+            lo = 0
+        if record and n_victims > 0:
+            _record_preempted(sched, st, victims, n_victims)
         if n_scheduled == 0:
             if asynchronous and busy:
                 # The plan made while the last step ran was empty: the engine waits for that step and plans again.
@@ -220,22 +243,13 @@ def _run_until(engine, steps, sched, risky, live, req, times, tok_times, config,
         prefill_tokens, decode_seqs, attn_work, cached, sampled, first_done, n_next, n_gaps, n_events = _run_scheduled(
             run, run_t, lo, hi, step, prev_end, tok_times, gap_t, gap_req, events)
         if prefill_tokens + decode_seqs == 0:
-            # The progress guard: rows were scheduled but not one token computed, so the next iteration would be
-            # this one again (a loop that spins, with time running on). vLLM never schedules a request with
-            # nothing to compute (a full prefix hit leaves its last token to compute: kvcache.longest_hit).
+            # The progress guard: rows were scheduled but not one token computed, so the next iteration would be this
+            # one again (a spin). vLLM never schedules a request with nothing to compute (see kvcache.longest_hit).
             status = STATUS_STUCK
             break
-        dur, _g, _a, _c, _e, _l, _u, flops, nbytes, bound = step_cost(
-            coef, decode_seqs + prefill_tokens, attn_work, cached, sampled, n_scheduled, asynchronous)
-        if record_steps:
-            write_step(steps, step, now, dur, prefill_tokens, decode_seqs, st[ST_RUNNING],
-                       usable_blocks - st[ST_FREE_BLOCKS], bound, flops, nbytes, st[ST_CACHED_BLOCKS])
-        st[ST_STEPS] += 1
-        totals[TOTAL_BUSY_S] += dur
-        totals[TOTAL_SEQ_STEPS] += st[ST_RUNNING]
-        last_start = now
-        now += dur
-        busy = True
+        dur = _time_step(steps, st, totals, coef, now, prefill_tokens, decode_seqs, attn_work, cached, sampled,
+                         n_scheduled, asynchronous, record_steps, usable_blocks)
+        last_start, now, busy = now, now + dur, True
         if n_next > 0:
             add_gaps(itl, totals, now - prev_end, n_next)
         if n_gaps > 0:
@@ -248,11 +262,7 @@ def _run_until(engine, steps, sched, risky, live, req, times, tok_times, config,
                                            seat_blocks)
     if status == STATUS_OK and until_s < np.inf:
         status = STATUS_PAUSED  # every request so far finished; the caller may append more
-    clock[CLOCK_NOW] = now
-    clock[CLOCK_LAST_START] = last_start
-    clock[CLOCK_PREV_END] = prev_end
-    clock[CLOCK_BUSY] = 1.0 if busy else 0.0
-    st[ST_FIRST_HELD] = first_held
+    _park(st, clock, now, last_start, prev_end, busy, first_held)
     return status
 
 

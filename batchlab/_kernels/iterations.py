@@ -99,22 +99,21 @@ def _send_and_queue(st, times, live, wait, slot_times, view_s, req, coef, fronte
 
 
 @njit(cache=True, _nrt=False)
-def _preempt_last(engine, config, req, times, step_index, prev_end, tok_times):
+def _preempt_last(st, run, run_t, wait, req, times, pool, seat_blocks, prefix_ids, prefix_tokens, unique_stride,
+                  block_size, step_index, prev_end, tok_times):
     """Preempt the last running request: free its blocks, restart it from zero at the front of the queue.
 
     Returns the request preempted, or -1 when the last row had already finished (async scheduling still
     held it): it simply leaves. A token it emitted in the step just before is written to ``tok_times`` here.
     """
-    st, run, run_t, wait = engine.st, engine.run, engine.run_t, engine.wait
-    pool, seat_blocks = engine.pool, engine.seat_blocks
     n = wait.shape[0]
     v = st[ST_RUNNING] - 1
     victim = run[v, RUN_REQ]
     if pool.shape[0] > 1:
         seat = run[v, RUN_SEAT]
         if run[v, RUN_EMIT] < run[v, RUN_OUT]:
-            kv.index_own_blocks(pool, req, victim, seat_blocks, seat, run[v, RUN_BLOCKS], config.block_size,
-                                config.prefix_ids, config.prefix_tokens, config.max_blocks + 1)
+            kv.index_own_blocks(pool, req, victim, seat_blocks, seat, run[v, RUN_BLOCKS], block_size, prefix_ids,
+                                prefix_tokens, unique_stride)
         kv.release(st, pool, seat_blocks, seat, run[v, RUN_BLOCKS])
     else:
         st[ST_FREE_BLOCKS] += run[v, RUN_BLOCKS]
@@ -157,16 +156,14 @@ def _grow_blocks(st, run, k, need, known, req, pool, seat_blocks, prefix_ids, pr
 
 
 @njit(cache=True, _nrt=False)
-def _schedule_running(engine, config, req, times, threshold, step_index, prev_end, tok_times):
+def _schedule_running(st, run, run_t, wait, req, times, victims, budget, threshold, block_size, pool, seat_blocks,
+                      prefix_ids, prefix_tokens, unique_stride, step_index, prev_end, tok_times):
     """Chunked step 1: running requests in admission order, each asking for a decode or its next chunk.
 
     A request that cannot get its blocks preempts the last running request (possibly itself, which ends
     the pass). A row that has finished (held one more step by async scheduling) is skipped. Returns (rows
-    passed, rows scheduled, budget left, requests preempted in ``engine.victims``, rows dropped).
+    passed, rows scheduled, budget left, requests preempted in ``victims``, rows dropped).
     """
-    st, run, victims, pool, seat_blocks = engine.st, engine.run, engine.victims, engine.pool, engine.seat_blocks
-    budget, block_size = config.budget, config.block_size
-    prefix_ids, prefix_tokens, unique_stride = config.prefix_ids, config.prefix_tokens, config.max_blocks + 1
     caching = pool.shape[0] > 1
     hi = 0
     n_scheduled = 0
@@ -193,7 +190,8 @@ def _schedule_running(engine, config, req, times, threshold, step_index, prev_en
         while need > free:
             was_last = n_running - 1 == hi
             st[ST_FREE_BLOCKS] = free
-            victim = _preempt_last(engine, config, req, times, step_index, prev_end, tok_times)
+            victim = _preempt_last(st, run, run_t, wait, req, times, pool, seat_blocks, prefix_ids, prefix_tokens,
+                                   unique_stride, block_size, step_index, prev_end, tok_times)
             n_running = st[ST_RUNNING]
             free = st[ST_FREE_BLOCKS]
             n_dropped += 1
@@ -228,7 +226,8 @@ def _schedule_running(engine, config, req, times, threshold, step_index, prev_en
 
 
 @njit(cache=True, _nrt=False)
-def _admit_waiting(engine, config, req, times, now, left, threshold):
+def _admit_waiting(st, run, run_t, wait, skipped, slot_times, pool, seat_blocks, hit_slots, req, times, config, now,
+                   left, threshold):
     """Chunked step 2: waiting requests, oldest first, while seats, budget and blocks last.
 
     A newcomer reuses the cached blocks of its prefix (prefix caching), then asks for its first chunk, capped
@@ -236,9 +235,6 @@ def _admit_waiting(engine, config, req, times, now, left, threshold):
     sequence's) cannot be had, admission stops. With chunking off, a request that does not fit the budget left
     stops admission (vLLM 0.33) or, without that rule, is set aside while the next is tried (vLLM before it).
     """
-    st, run, run_t, wait = engine.st, engine.run, engine.run_t, engine.wait
-    skipped, slot_times = engine.skipped, engine.slot_times
-    pool, seat_blocks, hit_slots = engine.pool, engine.seat_blocks, engine.hit_slots
     budget, rules, max_num_seqs, block_size = config.budget, config.rules, config.max_num_seqs, config.block_size
     prefix_ids, prefix_tokens, unique_stride = config.prefix_ids, config.prefix_tokens, config.max_blocks + 1
     n = wait.shape[0]
