@@ -16,7 +16,7 @@ import pandas as pd
 from . import _validate
 from ._kernels import (POLICY_CHUNKED, REQ_CACHED, REQ_COMPUTED, REQ_OUTPUT, REQ_PREEMPT, REQ_RECOMPUTED, REQ_REJECT,
                        ROUTERS, RULE_STOP_UNFIT, RULE_THRESHOLD_ALONE, STATUS_OK, TIME_FINISH, TIME_FIRST, TIME_RELEASE,
-                       TIME_SCHED, TIME_SENT, TOTAL_BUSY_S, FleetOutput, Knobs, Stream, fleet_kernel)
+                       TIME_SCHED, TIME_SEEN, TIME_SENT, TOTAL_BUSY_S, FleetOutput, Knobs, Stream, fleet_kernel)
 from .cost import CostModel
 from .result import PROGRESS_GUARD, KernelOutput, SimResult
 from .sim import _CHUNKED_SWITCHES, _KNOB_POLICIES, _resolve_knobs
@@ -121,8 +121,9 @@ class FleetResult:
             idx = np.repeat(tok_off[rows] - off[:-1], lens) + np.arange(off[-1])
             flat = tok_times[idx]
         scheduled = times_d[:, TIME_SCHED] if i is not None and self.role(i) == "decode" else times[:, TIME_SCHED]
+        seen = times_d[:, TIME_SEEN] if i is not None and self.role(i) == "decode" else times[:, TIME_SEEN]
         cols = (times[:, TIME_FIRST], finish, scheduled, release, preempt, reject,
-                np.zeros(len(req), np.int64), computed, recomputed, cached, times[:, TIME_SENT])
+                np.zeros(len(req), np.int64), computed, recomputed, cached, times[:, TIME_SENT], seen)
         return KernelOutput(STATUS_OK, *(np.asarray(c)[rows] for c in cols), off, flat, engine_steps, engine_sched,
                             itl_i, totals_i)
 

@@ -89,7 +89,7 @@ class SimResult:
         # Latencies count from when the client sent the request: its arrival, or later under max_concurrency.
         lat = metrics.per_request(raw.sent_s, output, raw.scheduled_s, first, finish)
         return {
-            "arrival_s": s.arrival_s, "sent_s": raw.sent_s, "prompt_tokens": s.prompt_tokens,
+            "arrival_s": s.arrival_s, "sent_s": raw.sent_s, "seen_s": raw.seen_s, "prompt_tokens": s.prompt_tokens,
             "output_tokens": output, "cached_tokens": raw.cached_tokens, "scheduled_s": raw.scheduled_s,
             "first_token_s": first, "finish_s": finish, "release_s": raw.release_s,
             **lat,

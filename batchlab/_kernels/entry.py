@@ -126,5 +126,5 @@ def simulate_kernel(stream, knobs):
     return KernelOutput(status, times[:, TIME_FIRST].copy(), times[:, TIME_FINISH].copy(), times[:, TIME_SCHED].copy(),
                         times[:, TIME_RELEASE].copy(), req[:, REQ_PREEMPT].copy(), req[:, REQ_REJECT].copy(),
                         req[:, REQ_PADDED].copy(), req[:, REQ_COMPUTED].copy(), req[:, REQ_RECOMPUTED].copy(),
-                        req[:, REQ_CACHED].copy(), times[:, TIME_SENT].copy(), tok_off, tok_times, steps,
-                        sched, itl, totals)
+                        req[:, REQ_CACHED].copy(), times[:, TIME_SENT].copy(), times[:, TIME_SEEN].copy(), tok_off,
+                        tok_times, steps, sched, itl, totals)

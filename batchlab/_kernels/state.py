@@ -105,6 +105,7 @@ class KernelOutput(NamedTuple):
     recomputed_tokens: np.ndarray  # positions computed again after preemption
     cached_tokens: np.ndarray  # prompt tokens found in the prefix cache at the first admission
     sent_s: np.ndarray  # s, when the client sent the request (its arrival, or later under max_concurrency)
+    seen_s: np.ndarray  # s, when the engine saw it, through the API server (NaN: rejected before the loop)
     token_offsets: np.ndarray  # index of each request's first token in token_times_s (length n + 1)
     token_times_s: np.ndarray  # s, every output token's emission time, request after request (record_tokens)
     steps: np.ndarray  # one row per iteration, columns STEP_COLUMNS (record_tokens)
