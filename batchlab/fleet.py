@@ -14,9 +14,9 @@ import numpy as np
 import pandas as pd
 
 from . import _validate
-from ._kernels import (REQ_CACHED, REQ_COMPUTED, REQ_OUTPUT, REQ_PREEMPT, REQ_RECOMPUTED, REQ_REJECT, ROUTERS,
-                       STATUS_OK, TIME_FINISH, TIME_FIRST, TIME_RELEASE, TIME_SCHED, TIME_SENT, TOTAL_BUSY_S,
-                       fleet_kernel)
+from ._kernels import (POLICY_CHUNKED, REQ_CACHED, REQ_COMPUTED, REQ_OUTPUT, REQ_PREEMPT, REQ_RECOMPUTED, REQ_REJECT,
+                       ROUTERS, STATUS_OK, TIME_FINISH, TIME_FIRST, TIME_RELEASE, TIME_SCHED, TIME_SEEN, TIME_SENT,
+                       TOTAL_BUSY_S, FleetOutput, Knobs, Stream, fleet_kernel)
 from .cost import CostModel
 from .result import PROGRESS_GUARD, KernelOutput, SimResult
 from .sim import check_inputs
@@ -52,7 +52,7 @@ class FleetResult:
     generated: np.ndarray = dataclasses.field(repr=False)
     transfer_s: np.ndarray = dataclasses.field(repr=False)
     kv_bytes: np.ndarray = dataclasses.field(repr=False)
-    raw: tuple = dataclasses.field(repr=False)
+    raw: FleetOutput = dataclasses.field(repr=False)
     recorded_tokens: bool = dataclasses.field(repr=False, default=False)
     recorded_schedule: bool = dataclasses.field(repr=False, default=False)
 
@@ -74,13 +74,13 @@ class FleetResult:
     def engine(self) -> np.ndarray:
         """Per request, the engine that served it (a replica) or computed its prompt (a prefill instance); -1:
         rejected before any engine saw it."""
-        return self.raw[7]
+        return self.raw.front_of
 
     @property
     def decode_engine(self) -> np.ndarray:
         """Per request, the engine that produced its output after the first token (-1: none, e.g. one-token
         outputs on a disaggregated fleet); the same as :attr:`engine` for replicas."""
-        return self.raw[8]
+        return self.raw.back_of
 
     def role(self, i: int) -> str:
         """``"replica"``, ``"prefill"`` or ``"decode"``."""
@@ -90,8 +90,10 @@ class FleetResult:
 
     def _kernel_output(self, rows, i) -> KernelOutput:
         """The :class:`KernelOutput` of requests ``rows``: the whole fleet (``i`` None) or engine ``i``."""
-        (_s, req, times, req_d, times_d, tok_off, tok_times, _f, back, _ready, steps, step_off, sched, sched_off,
-         itl, totals) = self.raw
+        raw = self.raw
+        req, times, req_d, times_d, back = raw.req, raw.times, raw.req_d, raw.times_d, raw.back_of
+        tok_off, tok_times, steps, step_off = raw.token_offsets, raw.token_times_s, raw.steps, raw.step_off
+        sched, sched_off, itl, totals = raw.schedule, raw.sched_off, raw.itl, raw.totals
         back_side = back >= 0 if self.disaggregated else np.zeros(back.shape, bool)
         if i is not None and self.role(i) == "decode":
             back_side = np.ones(back.shape, bool)
@@ -120,8 +122,9 @@ class FleetResult:
             idx = np.repeat(tok_off[rows] - off[:-1], lens) + np.arange(off[-1])
             flat = tok_times[idx]
         scheduled = times_d[:, TIME_SCHED] if i is not None and self.role(i) == "decode" else times[:, TIME_SCHED]
+        seen = times_d[:, TIME_SEEN] if i is not None and self.role(i) == "decode" else times[:, TIME_SEEN]
         cols = (times[:, TIME_FIRST], finish, scheduled, release, preempt, reject,
-                np.zeros(len(req), np.int64), computed, recomputed, cached, times[:, TIME_SENT])
+                np.zeros(len(req), np.int64), computed, recomputed, cached, times[:, TIME_SENT], seen)
         return KernelOutput(STATUS_OK, *(np.asarray(c)[rows] for c in cols), off, flat, engine_steps, engine_sched,
                             itl_i, totals_i)
 
@@ -181,9 +184,9 @@ class FleetResult:
         """Disaggregated runs: one row per KV transfer (request, bytes, seconds, when it left with the first
         token, when it landed, the decode instance)."""
         sent = np.flatnonzero(self.decode_engine >= 0) if self.disaggregated else np.empty(0, np.int64)
-        times = self.raw[2]
+        times = self.raw.times
         return pd.DataFrame({"request": sent, "kv_bytes": self.kv_bytes[sent], "transfer_s": self.transfer_s[sent],
-                             "left_s": times[sent, TIME_FIRST], "landed_s": self.raw[9][sent],
+                             "left_s": times[sent, TIME_FIRST], "landed_s": self.raw.ready_s[sent],
                              "decode_engine": self.decode_engine[sent]}).set_index("request")
 
 
@@ -208,15 +211,17 @@ def _run(requests, cost, n_engines, n_prefill, router, link, knobs, block_size, 
     record_tokens = _validate.flag("record_tokens", record_tokens, False)
     record_schedule = _validate.flag("record_schedule", record_schedule, False)
     kv_bytes, transfer_s = transfer_times(cost, requests.prompt_tokens, link or "nvlink")
-    raw = fleet_kernel(
-        requests.arrival_s, requests.prompt_tokens, output, cost.coefficients(), run.rules, resolved["max_num_seqs"],
-        resolved["max_num_batched_tokens"], resolved["long_prefill_token_threshold"], resolved["num_kv_blocks"] - 1,
-        resolved["block_size"], max_model_len, run.prefix_ids, requests.prefix_offsets, requests.prefix_block_tokens,
-        record_tokens, record_schedule, n_engines, n_prefill, ROUTERS.index(router), transfer_s)
-    if raw[0] != STATUS_OK:
+    stream = Stream(requests.arrival_s, requests.prompt_tokens, output, run.prefix_ids, requests.prefix_offsets,
+                    requests.prefix_block_tokens)
+    knobs = Knobs(POLICY_CHUNKED, cost.coefficients(), 1, 0.0, resolved["max_num_seqs"],
+                  resolved["max_num_batched_tokens"], resolved["long_prefill_token_threshold"], run.rules, False,
+                  resolved["num_kv_blocks"] - 1, resolved["block_size"], record_schedule, 0, max_model_len,
+                  record_tokens)
+    raw = fleet_kernel(stream, knobs, n_engines, n_prefill, ROUTERS.index(router), transfer_s)
+    if raw.status != STATUS_OK:
         raise RuntimeError(PROGRESS_GUARD)
     generated = np.asarray(output, np.int64)
-    assert np.array_equal(raw[3][:, REQ_OUTPUT], generated)  # the decode (or only) table holds the outputs
+    assert np.array_equal(raw.req_d[:, REQ_OUTPUT], generated)  # the decode (or only) table holds the outputs
     return FleetResult(requests, cost, resolved, router, n_prefill, n_engines - n_prefill, link, generated,
                        transfer_s, kv_bytes, raw, record_tokens, record_schedule)
 

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import dataclasses
 from functools import cached_property
-from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -11,35 +10,12 @@ import pandas as pd
 from . import metrics
 from ._kernels import (KIND_NAMES, REJECT_BUDGET, REJECT_KV, REJECT_MODEL_LEN, REJECT_RECOMPUTE, SCHED_KIND,
                        SCHED_REQUEST, SCHED_STEP, SCHED_TOKENS, STEP_COLUMNS, STEP_COMPUTE_BOUND, STEP_DURATION,
-                       TOTAL_BUSY_S, TOTAL_SEQ_STEPS, TOTAL_STEPS)
+                       TOTAL_BUSY_S, TOTAL_SEQ_STEPS, TOTAL_STEPS, KernelOutput)
 
 
 # What simulate and the fleet raise when a loop returns STATUS_STUCK (batchlab._kernels.engine._run_until).
 PROGRESS_GUARD = ("the scheduler loop made no progress (its progress guard: an iteration scheduled rows but "
                   "computed no token, or nothing could be scheduled while requests waited): a bug")
-
-
-class KernelOutput(NamedTuple):
-    """What :func:`batchlab._kernels.simulate_kernel` returns, by name (per-request arrays: one entry a request)."""
-
-    status: int  # STATUS_OK, or STATUS_STUCK if the loop made no progress (PROGRESS_GUARD; a bug)
-    first_token_s: np.ndarray  # s, emission of the first output token (NaN: never)
-    finish_s: np.ndarray  # s, emission of the last output token
-    scheduled_s: np.ndarray  # s, first time the request was scheduled
-    release_s: np.ndarray  # s, when its KV blocks and seat were freed
-    preemptions: np.ndarray  # times preempted
-    reject_code: np.ndarray  # 0 served, else REJECT_KV, REJECT_BUDGET or REJECT_RECOMPUTE
-    padded_tokens: np.ndarray  # padding rows computed for it (static, dynamic)
-    computed_tokens: np.ndarray  # token positions computed, recomputation included
-    recomputed_tokens: np.ndarray  # positions computed again after preemption
-    cached_tokens: np.ndarray  # prompt tokens found in the prefix cache at the first admission
-    sent_s: np.ndarray  # s, when the client sent the request (its arrival, or later under max_concurrency)
-    token_offsets: np.ndarray  # index of each request's first token in token_times_s (length n + 1)
-    token_times_s: np.ndarray  # s, every output token's emission time, request after request (record_tokens)
-    steps: np.ndarray  # one row per iteration, columns STEP_COLUMNS (record_tokens)
-    schedule: np.ndarray  # one row per request per iteration (record_schedule), columns SCHED_COLUMNS
-    itl: np.ndarray  # histogram of inter-token gaps, ITL_BINS rows of (count, sum, min, max s); see layout.ITL_SUB
-    totals: np.ndarray  # run totals, slots TOTAL_*
 
 
 def _reject_reason(code, prompt, output, knobs) -> str:
@@ -113,7 +89,7 @@ class SimResult:
         # Latencies count from when the client sent the request: its arrival, or later under max_concurrency.
         lat = metrics.per_request(raw.sent_s, output, raw.scheduled_s, first, finish)
         return {
-            "arrival_s": s.arrival_s, "sent_s": raw.sent_s, "prompt_tokens": s.prompt_tokens,
+            "arrival_s": s.arrival_s, "sent_s": raw.sent_s, "seen_s": raw.seen_s, "prompt_tokens": s.prompt_tokens,
             "output_tokens": output, "cached_tokens": raw.cached_tokens, "scheduled_s": raw.scheduled_s,
             "first_token_s": first, "finish_s": finish, "release_s": raw.release_s,
             **lat,

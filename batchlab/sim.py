@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from . import _validate
 
-from ._kernels import POLICIES, STATUS_OK, simulate_kernel
+from ._kernels import POLICIES, STATUS_OK, Knobs, Stream, simulate_kernel
 from .cost import CostModel
-from .result import PROGRESS_GUARD, KernelOutput, SimResult
+from .result import PROGRESS_GUARD, SimResult
 from .vllm import BLOCK_SIZE, GPU_MEMORY_UTILIZATION, prepare
 from .workload import Requests
 
@@ -138,15 +138,14 @@ def simulate(requests, policy: str, cost, *, batch_size=None, max_queue_delay_s=
     _check_int64(requests, policy, knobs)
     record = _validate.flag("record_schedule", record_schedule, False)
     record_tokens = _validate.flag("record_tokens", record_tokens, True)
-    raw = simulate_kernel(
-        requests.arrival_s, requests.prompt_tokens, run.output, POLICY_CODE[policy], cost.coefficients(),
-        knobs.get("batch_size", 1), knobs.get("max_queue_delay_s", 0.0), knobs.get("max_num_seqs", 1),
-        knobs.get("max_num_batched_tokens", 0), knobs.get("long_prefill_token_threshold", 0), run.rules,
-        knobs.get("prefill_only_steps", False), knobs["num_kv_blocks"] - 1, knobs["block_size"], record,
-        knobs.get("max_concurrency") or 0, run.max_model_len, run.prefix_ids, requests.prefix_offsets,
-        requests.prefix_block_tokens, record_tokens,
-    )
-    out = KernelOutput(*raw)
+    stream = Stream(requests.arrival_s, requests.prompt_tokens, run.output, run.prefix_ids, requests.prefix_offsets,
+                    requests.prefix_block_tokens)
+    out = simulate_kernel(stream, Knobs(
+        POLICY_CODE[policy], cost.coefficients(), knobs.get("batch_size", 1), knobs.get("max_queue_delay_s", 0.0),
+        knobs.get("max_num_seqs", 1), knobs.get("max_num_batched_tokens", 0),
+        knobs.get("long_prefill_token_threshold", 0), run.rules, knobs.get("prefill_only_steps", False),
+        knobs["num_kv_blocks"] - 1, knobs["block_size"], record, knobs.get("max_concurrency") or 0,
+        run.max_model_len, record_tokens))
     if out.status != STATUS_OK:
         raise RuntimeError(PROGRESS_GUARD)
     return SimResult(requests, policy, cost, dict(knobs), out, record, run.output, record_tokens)

@@ -32,8 +32,8 @@ KNOBS = {
     "threshold": {"long_prefill_token_threshold": 256, "max_num_seqs": 64},
 }
 FIELDS = ("first_token_s", "finish_s", "scheduled_s", "release_s", "preemptions", "reject_code", "computed_tokens",
-          "recomputed_tokens", "cached_tokens", "sent_s", "token_offsets", "token_times_s", "steps", "schedule",
-          "itl", "totals")
+          "recomputed_tokens", "cached_tokens", "sent_s", "seen_s", "token_offsets", "token_times_s", "steps",
+          "schedule", "itl", "totals")
 
 
 @pytest.mark.parametrize("knobs", list(KNOBS))

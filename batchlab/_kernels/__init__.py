@@ -5,7 +5,8 @@ integer slot names of :mod:`.layout` are frozen into the compiled code. The publ
 :class:`batchlab.CostModel` (the step cost) and :func:`batchlab.simulate` (the loops); the plain-Python
 reference in ``tests/reference.py`` must agree with both.
 
-Modules: :mod:`.layout` (slot names), :mod:`.cost` (the step cost), :mod:`.records` (growing records),
+Modules: :mod:`.layout` (slot names), :mod:`.state` (the NamedTuples that cross calls: inputs, an engine's state,
+its loop's settings, outputs), :mod:`.cost` (the step cost), :mod:`.records` (growing records),
 :mod:`.gaps` (the inter-token gap histogram), :mod:`.batched` (static and dynamic batching), :mod:`.kvcache` (the
 block pool and prefix cache), :mod:`.iterations` (the steps of continuous and chunked), :mod:`.engine` (their
 loop, resumable) and :mod:`.fleet` (several engines: replicas behind a router, disaggregated prefill and decode).
@@ -43,7 +44,9 @@ try:
     from .entry import simulate_kernel
     from .fleet import fleet_kernel
     from .layout import *  # noqa: F403 - the slot names are this package's interface
+    from .state import Engine, FleetOutput, KernelOutput, Knobs, LoopConfig, Stream
 finally:
     numba.config.CACHE_DIR = _previous_cache_dir
 
-__all__ = ["SOURCE_STAMP", "fleet_kernel", "simulate_kernel", "step_cost"]
+__all__ = ["SOURCE_STAMP", "Engine", "FleetOutput", "KernelOutput", "Knobs", "LoopConfig", "Stream", "fleet_kernel",
+           "simulate_kernel", "step_cost"]

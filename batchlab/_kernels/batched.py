@@ -11,6 +11,37 @@ from .gaps import add_gaps
 from .records import blocks_for, record_sched, record_step
 
 
+@njit(cache=True, _nrt=False)
+def _form_batch(arrival, prompt, output, live, head, now, batch_size, max_queue_delay_s, usable_blocks, block_size):
+    """The next batch, from ``live[head]`` on, once the server is free at ``now``: when it is dispatched (the count
+    rule or the timer, whichever fires first), its end in ``live`` (members queued by then, oldest first, within
+    ``batch_size`` and the KV pool's padded reservation), its longest prompt and its longest output."""
+    n_live = live.shape[0]
+    # When would the count rule fire, and when the timer?
+    last_needed = head + batch_size - 1
+    if last_needed < n_live:
+        t_count = arrival[live[last_needed]]
+    elif max_queue_delay_s == np.inf:
+        t_count = arrival[live[n_live - 1]]  # static: the stream has ended, run what is left
+    else:
+        t_count = np.inf  # dynamic: a partial batch leaves when the timer fires
+    t_timer = arrival[live[head]] + max_queue_delay_s
+    dispatch = max(now, min(t_count, t_timer))
+    p_max = 0
+    o_max = 0
+    end = head
+    while end < n_live and end - head < batch_size and arrival[live[end]] <= dispatch:
+        r = live[end]
+        p_new = max(p_max, prompt[r])
+        o_new = max(o_max, output[r])
+        if (end - head + 1) * blocks_for(p_new + o_new - 1, block_size) > usable_blocks:
+            break
+        p_max = p_new
+        o_max = o_new
+        end += 1
+    return dispatch, end, p_max, o_max
+
+
 @njit(cache=True)
 def run_batched(arrival, prompt, output, live, tok_off, req, times, coef, batch_size, max_queue_delay_s, usable_blocks,
                  block_size, record, tok_times, record_steps, itl, totals):
@@ -32,29 +63,8 @@ def run_batched(arrival, prompt, output, live, tok_off, req, times, coef, batch_
     now = 0.0
     head = 0
     while head < n_live:
-        # When would the count rule fire, and when the timer?
-        last_needed = head + batch_size - 1
-        if last_needed < n_live:
-            t_count = arrival[live[last_needed]]
-        elif max_queue_delay_s == np.inf:
-            t_count = arrival[live[n_live - 1]]  # static: the stream has ended, run what is left
-        else:
-            t_count = np.inf  # dynamic: a partial batch leaves when the timer fires
-        t_timer = arrival[live[head]] + max_queue_delay_s
-        dispatch = max(now, min(t_count, t_timer))
-        # Members: queued by the dispatch time, oldest first, within batch size and the KV pool.
-        p_max = 0
-        o_max = 0
-        end = head
-        while end < n_live and end - head < batch_size and arrival[live[end]] <= dispatch:
-            r = live[end]
-            p_new = max(p_max, prompt[r])
-            o_new = max(o_max, output[r])
-            if (end - head + 1) * blocks_for(p_new + o_new - 1, block_size) > usable_blocks:
-                break
-            p_max = p_new
-            o_max = o_new
-            end += 1
+        dispatch, end, p_max, o_max = _form_batch(arrival, prompt, output, live, head, now, batch_size,
+                                                  max_queue_delay_s, usable_blocks, block_size)
         b = end - head
         kv_used = b * blocks_for(p_max + o_max - 1, block_size)
         # Prefill: b rows of p_max tokens, padded rows cost what real rows cost.

@@ -14,6 +14,7 @@ from .layout import (ITL_BINS, N_TOTALS, POLICY_CHUNKED, POLICY_CONTINUOUS, POLI
                      TIME_ARRIVAL, TIME_COLUMNS, TIME_FINISH, TIME_FIRST, TIME_RELEASE, TIME_SCHED, TIME_SEEN,
                      TIME_SENT)
 from .records import blocks_for
+from .state import KernelOutput
 
 
 @njit(cache=True)
@@ -72,49 +73,58 @@ def clear_unemitted(emitted, tok_off, tok_times):
 
 
 @njit(cache=True)
-def simulate_kernel(arrival, prompt, output, policy, coef, batch_size, max_queue_delay_s, max_num_seqs, budget,
-                    threshold, rules, prefill_only_steps, usable_blocks, block_size, record, max_concurrency,
-                    max_model_len, prefix_ids, prefix_off, prefix_tokens, record_tokens):
-    """Run one policy over a request stream. Arrays in, arrays out; no globals, no randomness.
+def _serve_in_order(live, arrival, prompt, coef, times):
+    """Static and dynamic batching: when the server sees each request of ``live`` (``TIME_SEEN``), through the API
+    server one at a time (``serve_time``); returns those times, ``arrival`` for the others (arrivals are in order)."""
+    seen = arrival.copy()
+    free = -np.inf
+    for r in live:
+        seen[r], free = serve_time(free, arrival[r], prompt[r], coef)
+        times[r, TIME_SEEN] = seen[r]
+    return seen
+
+
+@njit(cache=True)
+def simulate_kernel(stream, knobs):
+    """Run one policy over a request stream (:class:`.state.Stream`, :class:`.state.Knobs`). Arrays in, arrays out;
+    no globals, no randomness.
 
     Requests that can never be served are marked rejected before the loop and never enter it: a prompt plus
     output the whole pool cannot hold, a prompt over the budget of a policy that cannot split it, a prompt that
-    leaves no room for one output token under ``max_model_len`` (> 0). Returns the fields of
-    :class:`batchlab.result.KernelOutput`, in its order. ``record_tokens``: keep every token's time and one row
-    per iteration (without it, memory grows with requests, not tokens); the metrics are accumulated either way.
+    leaves no room for one output token under ``max_model_len`` (> 0). Returns a :class:`.state.KernelOutput`.
+    ``record_tokens``: keep every token's time and one row per iteration (without it, memory grows with requests,
+    not tokens); the metrics are accumulated either way.
     """
+    arrival, prompt, output = stream.arrival, stream.prompt, stream.output
+    policy, rules, coef = knobs.policy, knobs.rules, knobs.coef
     n = arrival.shape[0]
-    req, times = _tables(arrival, prompt, output, prefix_off, max_concurrency)
+    req, times = _tables(arrival, prompt, output, stream.prefix_off, knobs.max_concurrency)
     itl = np.zeros((ITL_BINS, 4))
     totals = np.zeros(N_TOTALS)
     whole_prompts = policy == POLICY_CONTINUOUS or (policy == POLICY_CHUNKED and rules & RULE_CHUNKING == 0)
-    live = reject_up_front(req, prompt, output, usable_blocks, block_size, budget, whole_prompts, max_model_len)
+    live = reject_up_front(req, prompt, output, knobs.usable_blocks, knobs.block_size, knobs.budget, whole_prompts,
+                           knobs.max_model_len)
     tok_off = np.zeros(n + 1, np.int64)
     _token_offsets(req, tok_off)  # after the rejections: a request that can never be served allocates nothing
-    n_tokens = tok_off[n] if record_tokens else 0
+    n_tokens = tok_off[n] if knobs.record_tokens else 0
     status = STATUS_OK
     if policy <= POLICY_DYNAMIC:  # static or dynamic
-        delay = max_queue_delay_s if policy == POLICY_DYNAMIC else np.inf
-        seen = arrival.copy()  # when the server sees each request (arrivals are in order)
-        free = -np.inf
-        for r in live:
-            seen[r], free = serve_time(free, arrival[r], prompt[r], coef)
-            times[r, TIME_SEEN] = seen[r]
+        delay = knobs.max_queue_delay_s if policy == POLICY_DYNAMIC else np.inf
+        seen = _serve_in_order(live, arrival, prompt, coef, times)  # when the server sees each request
         tok_times = np.full(n_tokens, np.nan)
-        steps, sched = run_batched(seen, prompt, output, live, tok_off, req, times, coef, batch_size, delay,
-                                   usable_blocks, block_size, record, tok_times, record_tokens, itl, totals)
+        steps, sched = run_batched(seen, prompt, output, live, tok_off, req, times, coef, knobs.batch_size, delay,
+                                   knobs.usable_blocks, knobs.block_size, knobs.record, tok_times, knobs.record_tokens,
+                                   itl, totals)
     else:
         tok_times = np.empty(n_tokens)
-        status, steps, sched = run_iterations(live, req, times, tok_times, coef, policy == POLICY_CHUNKED,
-                                              rules, max_num_seqs, budget, threshold, prefill_only_steps,
-                                              usable_blocks, block_size, record, max_concurrency, prefix_ids,
-                                              prefix_tokens, record_tokens, itl, totals)
+        status, steps, sched = run_iterations(live, req, times, tok_times, stream, knobs, itl, totals)
         if n_tokens > 0:
             clear_unemitted(req[:, REQ_EMITTED], tok_off, tok_times)
     for r in range(n):
         if times[r, TIME_SENT] != times[r, TIME_SENT]:  # rejected before the loop: never waited for a client slot
             times[r, TIME_SENT] = arrival[r]
-    return (status, times[:, TIME_FIRST].copy(), times[:, TIME_FINISH].copy(), times[:, TIME_SCHED].copy(),
-            times[:, TIME_RELEASE].copy(), req[:, REQ_PREEMPT].copy(), req[:, REQ_REJECT].copy(),
-            req[:, REQ_PADDED].copy(), req[:, REQ_COMPUTED].copy(), req[:, REQ_RECOMPUTED].copy(),
-            req[:, REQ_CACHED].copy(), times[:, TIME_SENT].copy(), tok_off, tok_times, steps, sched, itl, totals)
+    return KernelOutput(status, times[:, TIME_FIRST].copy(), times[:, TIME_FINISH].copy(), times[:, TIME_SCHED].copy(),
+                        times[:, TIME_RELEASE].copy(), req[:, REQ_PREEMPT].copy(), req[:, REQ_REJECT].copy(),
+                        req[:, REQ_PADDED].copy(), req[:, REQ_COMPUTED].copy(), req[:, REQ_RECOMPUTED].copy(),
+                        req[:, REQ_CACHED].copy(), times[:, TIME_SENT].copy(), times[:, TIME_SEEN].copy(), tok_off,
+                        tok_times, steps, sched, itl, totals)

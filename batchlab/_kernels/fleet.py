@@ -18,14 +18,13 @@ from numba import njit
 from numba.typed import List
 
 from . import kvcache as kv
-from .engine import advance, finish_engine, new_engine, new_records, next_plan_s, prepare_requests
+from .engine import advance, finish_engine, loop_config, new_engine, new_records, next_plan_s, prepare_requests
 from .entry import _tables, _token_offsets, clear_unemitted, reject_up_front
-from .layout import (CONFIG_BLOCK_SIZE, CONFIG_CHUNKED, CONFIG_MAX_BLOCKS, CONFIG_PREFIX_TOKENS, CONFIG_RECORD_STEPS,
-                     CONFIG_RULES, ENGINE_CLOCK, ENGINE_DONE_LOG, ENGINE_ITL, ENGINE_POOL, ENGINE_STATE, ENGINE_TOTALS,
-                     ITL_BINS, N_TOTALS, REQ_EMITTED, REQ_OUTPUT, REQ_PRELOADED, REQ_PROMPT, ROUTE_LEAST_OUTSTANDING,
-                     ROUTE_PREFIX, ROUTE_ROUND_ROBIN, RULE_CHUNKING, RULE_PREFIX_CACHE, SCHED_COLUMNS, ST_DONE,
-                     ST_FINISHED, STATUS_OK, STATUS_STUCK, STEP_COLUMNS, TIME_ARRIVAL, TIME_FIRST, TIME_LAST, TIME_SEEN,
-                     TIME_SENT)
+from .layout import (ITL_BINS, MAX_COUNT, N_TOTALS, REQ_EMITTED, REQ_OUTPUT, REQ_PRELOADED, REQ_PROMPT,
+                     ROUTE_LEAST_OUTSTANDING, ROUTE_PREFIX, ROUTE_ROUND_ROBIN, RULE_CHUNKING, RULE_PREFIX_CACHE,
+                     SCHED_COLUMNS, ST_DONE, ST_FINISHED, STATUS_OK, STATUS_STUCK, STEP_COLUMNS, TIME_ARRIVAL,
+                     TIME_FIRST, TIME_LAST, TIME_SEEN, TIME_SENT)
+from .state import FleetOutput
 
 
 @njit(cache=True)
@@ -41,35 +40,33 @@ def _route(router, engines, counts, lo, hi, turn, req, r, block_size, prefix_ids
         return lo + turn % (hi - lo)
     best = lo
     best_hits = -1
-    best_out = 1 << 62
+    best_out = MAX_COUNT
     for i in range(lo, hi):
         engine = engines[i]
-        outstanding = counts[i] - engine[ENGINE_STATE][ST_FINISHED]
+        outstanding = counts[i] - engine.st[ST_FINISHED]
         hits = 0
         if router == ROUTE_PREFIX:
             hits, _idle = kv.longest_hit(req, r, req[r, REQ_PROMPT], block_size, prefix_ids, prefix_tokens,
-                                         unique_stride, engine[ENGINE_POOL], hit_slots)
+                                         unique_stride, engine.pool, hit_slots)
         if hits > best_hits or (hits == best_hits and outstanding < best_out):
             best, best_hits, best_out = i, hits, outstanding
     return best
 
 
 @njit(cache=True)
-def _advance_to(engines, records, lives, counts, next_plan, lo, hi, req, times, tok_times, prefix_ids, config,
-                until_s):
+def _advance_to(engines, records, lives, counts, next_plan, lo, hi, req, times, tok_times, config, until_s):
     """Advance engines ``[lo, hi)`` to ``until_s``; returns False if one is stuck (a bug)."""
     for i in range(lo, hi):
         if next_plan[i] >= until_s:
             continue
         steps, sched, risky = records[i]
         live = lives[i, :counts[i]]
-        status, steps, sched, risky = advance(engines[i], steps, sched, risky, live, req, times, tok_times,
-                                              prefix_ids, config, until_s)
+        status, steps, sched, risky = advance(engines[i], steps, sched, risky, live, req, times, tok_times, config,
+                                              until_s)
         records[i] = (steps, sched, risky)
         if status == STATUS_STUCK:
             return False
-        chunked, rules = config[CONFIG_CHUNKED], config[CONFIG_RULES]
-        next_plan[i] = next_plan_s(engines[i][ENGINE_STATE], engines[i][ENGINE_CLOCK], live, times, chunked, rules)
+        next_plan[i] = next_plan_s(engines[i].st, engines[i].clock, live, times, config.chunked, config.rules)
     return True
 
 
@@ -77,25 +74,25 @@ def _advance_to(engines, records, lives, counts, next_plan, lo, hi, req, times, 
 def _hand_over(engines, harvested, n_front, req_d, times, transfer_s, ready_s, landing):
     """Prompts that prefill instances finished: their KV leaves for the decode side, landing ``transfer_s`` later."""
     for i in range(n_front):
-        log = engines[i][ENGINE_DONE_LOG]
-        for m in range(harvested[i], engines[i][ENGINE_STATE][ST_DONE]):
+        log = engines[i].done_log
+        for m in range(harvested[i], engines[i].st[ST_DONE]):
             r = log[m]
             if req_d[r, REQ_OUTPUT] > 1:
                 ready_s[r] = times[r, TIME_FIRST] + transfer_s[r]
                 heapq.heappush(landing, (ready_s[r], r))
-        harvested[i] = engines[i][ENGINE_STATE][ST_DONE]
+        harvested[i] = engines[i].st[ST_DONE]
 
 
 @njit(cache=True)
-def _run_fleet(engines, records, live, req, times, req_d, times_d, tok_times, prefix_ids, config, config_d, n_front,
-               router, transfer_s, front_of, back_of, ready_s):
+def _run_fleet(engines, records, live, req, times, req_d, times_d, tok_times, config, config_d, n_front, router,
+               transfer_s, front_of, back_of, ready_s):
     """The fleet's loop over arrivals and KV landings, in time order (module docstring); returns a status."""
     n_engines = len(engines)
     n = req.shape[0]
     disagg = n_front < n_engines
     arrival = times[:, TIME_ARRIVAL]
-    block_size, prefix_tokens = config[CONFIG_BLOCK_SIZE], config[CONFIG_PREFIX_TOKENS]
-    max_blocks, max_blocks_d = config[CONFIG_MAX_BLOCKS], config_d[CONFIG_MAX_BLOCKS]
+    block_size, prefix_tokens, prefix_ids = config.block_size, config.prefix_tokens, config.prefix_ids
+    max_blocks, max_blocks_d = config.max_blocks, config_d.max_blocks
     lives = np.empty((n_engines, n), np.int64)
     counts = np.zeros(n_engines, np.int64)
     next_plan = np.full(n_engines, np.inf)
@@ -110,8 +107,8 @@ def _run_fleet(engines, records, live, req, times, req_d, times_d, tok_times, pr
     n_live = live.shape[0]
     while True:
         t_next = arrival[live[i_live]] if i_live < n_live else np.inf
-        if not _advance_to(engines, records, lives, counts, next_plan, 0, n_front, req, times, tok_times, prefix_ids,
-                           config, t_next):
+        if not _advance_to(engines, records, lives, counts, next_plan, 0, n_front, req, times, tok_times, config,
+                           t_next):
             return STATUS_STUCK
         if disagg:
             # Every prompt finished before t_next is known now, so every landing up to t_next is too.
@@ -119,7 +116,7 @@ def _run_fleet(engines, records, live, req, times, req_d, times_d, tok_times, pr
             while len(landing) > 0 and landing[0][0] <= t_next:
                 d, r = heapq.heappop(landing)
                 if not _advance_to(engines, records, lives, counts, next_plan, n_front, n_engines, req_d, times_d,
-                                   tok_times, prefix_ids, config_d, d):
+                                   tok_times, config_d, d):
                     return STATUS_STUCK
                 j = _route(router_d, engines, counts, n_front, n_engines, turn_d, req_d, r, block_size, prefix_ids,
                            prefix_tokens, max_blocks_d + 1, hit_slots)
@@ -151,11 +148,11 @@ def _run_fleet(engines, records, live, req, times, req_d, times_d, tok_times, pr
         live_i = lives[i, :counts[i]]
         engine = engines[i]
         status, steps, sched, risky = advance(engine, steps, sched, risky, live_i, t_req, t_times, tok_times,
-                                              prefix_ids, config if front else config_d, np.inf)
+                                              config if front else config_d, np.inf)
         if status != STATUS_OK:
             return STATUS_STUCK
-        steps, sched = finish_engine(engine[ENGINE_STATE], steps, sched, risky, live_i, t_req,
-                                     config[CONFIG_RECORD_STEPS], engine[ENGINE_ITL], engine[ENGINE_TOTALS])
+        steps, sched = finish_engine(engine.st, steps, sched, risky, live_i, t_req, config.record_steps, engine.itl,
+                                     engine.totals)
         records[i] = (steps, sched, risky)
     return STATUS_OK
 
@@ -173,25 +170,24 @@ def _concat(records, which, n_cols, dtype_like):
 
 
 @njit(cache=True)
-def fleet_kernel(arrival, prompt, output, coef, rules, max_num_seqs, budget, threshold, usable_blocks, block_size,
-                 max_model_len, prefix_ids, prefix_off, prefix_tokens, record_tokens, record, n_engines, n_prefill,
-                 router, transfer_s):
-    """Simulate ``n_engines`` engines of vLLM's ``chunked`` policy fed by one request stream.
+def fleet_kernel(stream, knobs, n_engines, n_prefill, router, transfer_s):
+    """Simulate ``n_engines`` engines of vLLM's ``chunked`` policy fed by one request stream (:class:`.state.Stream`,
+    :class:`.state.Knobs`: its policy, batch size, queue delay, prefill-only steps and concurrency are not read).
 
     ``n_prefill`` = 0: every engine is a replica serving whole requests, chosen by ``router`` (``ROUTE_*``).
     ``n_prefill`` > 0: engines ``[0, n_prefill)`` compute prompts and first tokens (chosen by ``router``), the
     others decode (the least outstanding takes each request when its KV lands, ``transfer_s`` after its first
-    token; round robin if ``router`` is round robin); decode instances do not cache prefixes. Returns (status,
-    the front tables ``req``, ``times``, the back tables (the same arrays without disaggregation), token offsets
-    and times, each request's front and back engine (-1: none), when its KV landed (NaN: never sent), every
-    engine's steps and schedule rows with each engine's first row, ITL histograms and totals, one per engine).
+    token; round robin if ``router`` is round robin); decode instances do not cache prefixes. Returns a
+    :class:`.state.FleetOutput`.
     """
+    arrival, prompt, output = stream.arrival, stream.prompt, stream.output
+    rules, budget, block_size, record_tokens = knobs.rules, knobs.budget, knobs.block_size, knobs.record_tokens
     n = arrival.shape[0]
     disagg = n_prefill > 0
     n_front = n_prefill if disagg else n_engines
-    req, times = _tables(arrival, prompt, output, prefix_off, 0)
-    live = reject_up_front(req, prompt, output, usable_blocks, block_size, budget, rules & RULE_CHUNKING == 0,
-                           max_model_len)
+    req, times = _tables(arrival, prompt, output, stream.prefix_off, 0)
+    live = reject_up_front(req, prompt, output, knobs.usable_blocks, block_size, budget, rules & RULE_CHUNKING == 0,
+                           knobs.max_model_len)
     tok_off = np.zeros(n + 1, np.int64)
     _token_offsets(req, tok_off)
     n_tokens = tok_off[n] if record_tokens else 0
@@ -208,10 +204,8 @@ def fleet_kernel(arrival, prompt, output, coef, rules, max_num_seqs, budget, thr
             times_d[r, TIME_SENT] = np.nan
     max_blocks = prepare_requests(live, req, True, rules, budget, block_size)
     max_blocks_d = prepare_requests(live, req_d, True, rules, budget, block_size) if disagg else max_blocks
-    config = (coef, True, rules, max_num_seqs, budget, threshold, False, usable_blocks, block_size, record,
-              prefix_tokens, record_tokens, max_blocks)
-    config_d = (coef, True, rules & ~RULE_PREFIX_CACHE, max_num_seqs, budget, threshold, False, usable_blocks,
-                block_size, record, prefix_tokens, record_tokens, max_blocks_d)
+    config = loop_config(knobs, stream, True, rules, max_blocks)
+    config_d = loop_config(knobs, stream, True, rules & ~RULE_PREFIX_CACHE, max_blocks_d)
     itl = np.zeros((n_engines, ITL_BINS, 4))
     totals = np.zeros((n_engines, N_TOTALS))
     engines = List()
@@ -219,17 +213,17 @@ def fleet_kernel(arrival, prompt, output, coef, rules, max_num_seqs, budget, thr
     for i in range(n_engines):
         front = i < n_front
         caching = rules & RULE_PREFIX_CACHE != 0 and front
-        engines.append(new_engine(n, caching, max_num_seqs, usable_blocks, max_blocks if front else max_blocks_d, 0,
-                                  itl[i], totals[i]))
-        records.append(new_records(record_tokens, record))
+        engines.append(new_engine(n, caching, knobs.max_num_seqs, knobs.usable_blocks,
+                                  max_blocks if front else max_blocks_d, 0, itl[i], totals[i]))
+        records.append(new_records(record_tokens, knobs.record))
     front_of = np.full(n, -1, np.int64)
     back_of = np.full(n, -1, np.int64)
     ready_s = np.full(n, np.nan)
-    status = _run_fleet(engines, records, live, req, times, req_d, times_d, tok_times, prefix_ids, config, config_d,
-                        n_front, router, transfer_s, front_of, back_of, ready_s)
+    status = _run_fleet(engines, records, live, req, times, req_d, times_d, tok_times, config, config_d, n_front,
+                        router, transfer_s, front_of, back_of, ready_s)
     steps, step_off = _concat(records, 0, len(STEP_COLUMNS), np.empty(0))
     sched, sched_off = _concat(records, 1, len(SCHED_COLUMNS), np.empty(0, np.int64))
     if n_tokens > 0 and status == STATUS_OK:
         clear_unemitted(req_d[:, REQ_EMITTED], tok_off, tok_times)  # the decode side counts them all
-    return (status, req, times, req_d, times_d, tok_off, tok_times, front_of, back_of, ready_s, steps, step_off, sched,
-            sched_off, itl, totals)
+    return FleetOutput(status, req, times, req_d, times_d, tok_off, tok_times, front_of, back_of, ready_s, steps,
+                       step_off, sched, sched_off, itl, totals)

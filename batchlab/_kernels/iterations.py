@@ -17,14 +17,14 @@ from numba import njit
 
 from . import kvcache as kv
 from .cost import serve_time
-from .layout import (KIND_CACHED, KIND_DECODE, KIND_PREFILL, REJECT_RECOMPUTE, REQ_CACHED, REQ_COMPUTED, REQ_EMITTED,
-                     REQ_HIGH_WATER, REQ_LAST_HIT, REQ_LAST_STEP, REQ_LOST, REQ_OUTPUT, REQ_PREEMPT, REQ_PRELOADED,
-                     REQ_PROMPT, REQ_RECOMPUTED, REQ_REJECT, REQ_RISK, REQ_TOK_OFF, RULE_CHUNKING, RULE_RESERVE_FULL,
-                     RULE_STOP_UNFIT, RUN_BLOCKS, RUN_CACHED, RUN_COLUMNS, RUN_COMP, RUN_EMIT, RUN_HIT, RUN_LAST,
-                     RUN_OUT, RUN_PROMPT, RUN_REQ, RUN_RISK, RUN_SEAT, RUN_TOK, RUN_TOKPOS, ST_DONE, ST_FINISHED,
-                     ST_FREE_BLOCKS, ST_IN_FLIGHT, ST_NEXT, ST_PENDING, ST_RUNNING, ST_SCHED, ST_SLOT_HEAD, ST_STEPS,
-                     ST_WAIT_HEAD, ST_WAIT_LEN, TIME_ARRIVAL, TIME_FINISH, TIME_FIRST, TIME_LAST, TIME_RELEASE,
-                     TIME_SCHED, TIME_SEEN, TIME_SENT)
+from .layout import (KIND_CACHED, KIND_DECODE, KIND_PREFILL, NO_ROW, REJECT_RECOMPUTE, REQ_CACHED, REQ_COMPUTED,
+                     REQ_EMITTED, REQ_HIGH_WATER, REQ_LAST_HIT, REQ_LAST_STEP, REQ_LOST, REQ_OUTPUT, REQ_PREEMPT,
+                     REQ_PRELOADED, REQ_PROMPT, REQ_RECOMPUTED, REQ_REJECT, REQ_RISK, REQ_TOK_OFF, RULE_CHUNKING,
+                     RULE_RESERVE_FULL, RULE_STOP_UNFIT, RUN_BLOCKS, RUN_CACHED, RUN_COLUMNS, RUN_COMP, RUN_EMIT,
+                     RUN_HIT, RUN_LAST, RUN_OUT, RUN_PROMPT, RUN_REQ, RUN_RISK, RUN_SEAT, RUN_TOK, RUN_TOKPOS, ST_DONE,
+                     ST_FINISHED, ST_FREE_BLOCKS, ST_IN_FLIGHT, ST_NEXT, ST_PENDING, ST_RUNNING, ST_SCHED, ST_SLOT_HEAD,
+                     ST_STEPS, ST_WAIT_HEAD, ST_WAIT_LEN, TIME_ARRIVAL, TIME_FINISH, TIME_FIRST, TIME_LAST,
+                     TIME_RELEASE, TIME_SCHED, TIME_SEEN, TIME_SENT)
 from .gaps import add_gaps
 from .records import blocks_for, write_sched
 
@@ -226,8 +226,8 @@ def _schedule_running(st, run, run_t, wait, req, times, victims, budget, thresho
 
 
 @njit(cache=True, _nrt=False)
-def _admit_waiting(st, run, run_t, wait, skipped, req, times, slot_times, now, left, budget, threshold, rules,
-                   max_num_seqs, block_size, pool, seat_blocks, prefix_ids, prefix_tokens, unique_stride, hit_slots):
+def _admit_waiting(st, run, run_t, wait, skipped, slot_times, pool, seat_blocks, hit_slots, req, times, config, now,
+                   left, threshold):
     """Chunked step 2: waiting requests, oldest first, while seats, budget and blocks last.
 
     A newcomer reuses the cached blocks of its prefix (prefix caching), then asks for its first chunk, capped
@@ -235,6 +235,8 @@ def _admit_waiting(st, run, run_t, wait, skipped, req, times, slot_times, now, l
     sequence's) cannot be had, admission stops. With chunking off, a request that does not fit the budget left
     stops admission (vLLM 0.33) or, without that rule, is set aside while the next is tried (vLLM before it).
     """
+    budget, rules, max_num_seqs, block_size = config.budget, config.rules, config.max_num_seqs, config.block_size
+    prefix_ids, prefix_tokens, unique_stride = config.prefix_ids, config.prefix_tokens, config.max_blocks + 1
     n = wait.shape[0]
     n_skip = 0
     caching = pool.shape[0] > 1
@@ -474,7 +476,7 @@ def _release_finished(st, run, run_t, req, first, step_index, hold, end_s, slot_
     j = first  # rows kept so far end here
     seg = first  # rows [seg, i) stay, not moved yet
     held = 0
-    first_held = 1 << 62
+    first_held = NO_ROW
     n_running = st[ST_RUNNING]
     for i in range(first, n_running):
         if run[i, RUN_EMIT] != run[i, RUN_OUT]:

@@ -20,8 +20,6 @@ import numpy as np
 import pandas as pd
 
 from .. import viz
-from .._kernels import REJECT_RECOMPUTE
-from .._kernels.cost import serve_time
 from ..metrics import full_batch_fraction, idle_while_waiting_fraction
 from ..sim import simulate
 from ..vllm import vllm_defaults
@@ -50,7 +48,8 @@ USAGE_HEADERS = {"gpu_busy_fraction": "GPU busy", "idle_while_waiting_fraction":
 def engine_arrival_s(res) -> np.ndarray:
     """When the engine sees each request of a run (s): the API server tokenises them one at a time, in order,
     ``frontend_s_per_token`` per prompt token, then ``request_latency_s`` passes (the serving terms of
-    :class:`batchlab.CostModel`; the same ``serve_time`` the simulator runs). Used in chapters 02 and 03.
+    :class:`batchlab.CostModel`), as the simulator timed it (``SimResult.requests["seen_s"]``). Used in chapters
+    02 and 03.
 
     Parameters
     ----------
@@ -61,14 +60,7 @@ def engine_arrival_s(res) -> np.ndarray:
     ndarray
         Seconds, one per request; NaN for a request rejected before the loop (it never reaches the engine).
     """
-    req, code = res.requests, res.raw.reject_code
-    sent, prompt = req["sent_s"].to_numpy(), req["prompt_tokens"].to_numpy()
-    coef = res.cost.coefficients()
-    seen = np.full(len(req), np.nan)
-    free = -np.inf  # when the API server is free
-    for r in np.flatnonzero((code == 0) | (code == REJECT_RECOMPUTE)):  # those rejected later did enter the loop
-        seen[r], free = serve_time(free, sent[r], prompt[r], coef)
-    return seen
+    return res.requests["seen_s"].to_numpy(dtype=float, copy=True)
 
 
 def idle_while_queued_fraction(res) -> float:

@@ -10,6 +10,8 @@ from spec_helpers import marks, titles, walk
 
 import batchlab as bl
 from batchlab import viz
+from batchlab._kernels import REJECT_RECOMPUTE
+from batchlab._kernels.cost import serve_time
 from batchlab.cost import SERVING_FIELDS
 from batchlab.chapters import dynamic_batching as chapter
 from batchlab.chapters import facts, scenes
@@ -119,6 +121,27 @@ def test_saturation_idles_only_until_the_first_batch_reaches_the_engine(cost8b):
         seen = chapter.engine_arrival_s(res)
         assert np.isnan(seen[res.requests["reject_reason"] != ""]).all()
         assert np.sort(seen[live.index])[k - 1] == pytest.approx(start[0], rel=1e-12), policy
+
+
+def test_engine_arrival_is_the_kernels_seen_time_bit_for_bit(cost8b):
+    # The simulator returns when the engine saw each request (``seen_s``); the chapter reads it instead of running
+    # the API server again. Against that re-run in Python (the same serve_time, requests in order, those rejected up
+    # front left out): every policy, a closed-loop client, and preemption with a rejection after it.
+    stream = bl.preset("azure-conv-2023", 200, rate_req_s=20.0, seed=2)
+    legacy = {"async_scheduling": False, "enable_prefix_caching": False, "scheduler_reserve_full_isl": False,
+              "max_model_len": 0}
+    runs = [("static", {"batch_size": 32}), ("dynamic", {"batch_size": 8, "max_queue_delay_s": 0.05}),
+            ("continuous", {}), ("chunked", {}), ("chunked", {"max_concurrency": 8}),
+            ("chunked", {**legacy, "num_kv_blocks": 400, "enable_chunked_prefill": False,
+                         "max_num_batched_tokens": 4096})]
+    for policy, kw in runs:
+        res = bl.simulate(stream, policy, cost8b, **kw)
+        code, sent, prompt = res.raw.reject_code, res.requests["sent_s"].to_numpy(), stream.prompt_tokens
+        again = np.full(len(stream), np.nan)
+        free = -np.inf
+        for r in np.flatnonzero((code == 0) | (code == REJECT_RECOMPUTE)):  # those rejected later entered the loop
+            again[r], free = serve_time(free, sent[r], prompt[r], cost8b.coefficients())
+        assert chapter.engine_arrival_s(res).tobytes() == again.tobytes(), (policy, kw)
 
 
 def test_idle_while_queued_leaves_out_the_way_to_the_engine(cost8b):
