@@ -11,7 +11,7 @@ from . import _validate
 from ._kernels import POLICIES, STATUS_OK, Knobs, Stream, simulate_kernel
 from .cost import CostModel
 from .result import PROGRESS_GUARD, SimResult
-from .vllm import BLOCK_SIZE, GPU_MEMORY_UTILIZATION, prepare
+from .vllm import BLOCK_SIZE, GPU_MEMORY_UTILIZATION, KNOB_POLICIES, prepare
 from .workload import Requests
 
 POLICY_CODE = {name: i for i, name in enumerate(POLICIES)}
@@ -125,14 +125,7 @@ def simulate(requests, policy: str, cost, *, batch_size=None, max_queue_delay_s=
     """
     _validate.choice("policy", policy, POLICIES)
     check_inputs(requests, cost)
-    given = {
-        "batch_size": batch_size, "max_queue_delay_s": max_queue_delay_s, "max_num_seqs": max_num_seqs,
-        "max_num_batched_tokens": max_num_batched_tokens, "prefill_only_steps": prefill_only_steps,
-        "long_prefill_token_threshold": long_prefill_token_threshold,
-        "enable_chunked_prefill": enable_chunked_prefill, "async_scheduling": async_scheduling,
-        "enable_prefix_caching": enable_prefix_caching, "scheduler_reserve_full_isl": scheduler_reserve_full_isl,
-        "max_model_len": max_model_len, "max_concurrency": max_concurrency,
-    }
+    given = {name: value for name, value in locals().items() if name in KNOB_POLICIES}  # the knob arguments
     run = prepare(requests, cost, policy, given, block_size, gpu_memory_utilization, num_kv_blocks)
     knobs = run.knobs
     _check_int64(requests, policy, knobs)

@@ -13,9 +13,6 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "batchlab"
 MAX_MODULE_LINES = 600  # DESIGN section 2
 MAX_FUNCTION_LINES = 100  # DESIGN section 2
-# TEMPORARY: functions being shrunk below MAX_FUNCTION_LINES on other branches, excluded from the function test
-# until those branches merge; remove each name as its branch lands, then the whole set. Module.function names.
-PENDING = {"batchlab._kernels.engine._run_until", "batchlab._kernels.batched.run_batched", "batchlab.sim.simulate"}
 
 
 def _modules() -> dict[str, Path]:
@@ -136,8 +133,7 @@ def test_only_the_engine_layer_imports_the_kernels():
     users = {name for name, targets in _graph().items() if not name.startswith("batchlab._kernels")
              and any(t == "batchlab._kernels" or t.startswith("batchlab._kernels.") for t in targets)}
     print("modules importing batchlab._kernels:", sorted(users))
-    pending = {"batchlab.chapters.dynamic_batching"}  # re-runs serve_time until the kernel returns the seen time
-    assert users - pending == ENGINE_LAYER, {"outside the engine layer": sorted(users - ENGINE_LAYER)}
+    assert users == ENGINE_LAYER, {"outside the engine layer": sorted(users - ENGINE_LAYER)}
 
 
 def test_module_sizes():
@@ -148,15 +144,11 @@ def test_module_sizes():
 
 
 def test_function_sizes():
-    lengths, pending_seen = {}, set()
+    lengths = {}
     for name, path in _modules().items():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                if f"{name}.{node.name}" in PENDING:
-                    pending_seen.add(f"{name}.{node.name}")
-                    continue
                 lengths[f"{name}.{node.name}:{node.lineno}"] = node.end_lineno - node.lineno + 1
-    assert pending_seen == PENDING, f"PENDING names no function: {sorted(PENDING - pending_seen)}"
     largest = max(lengths, key=lengths.get)
     print(f"largest function: {largest}, {lengths[largest]} lines (limit {MAX_FUNCTION_LINES})")
     assert lengths[largest] <= MAX_FUNCTION_LINES, {k: v for k, v in lengths.items() if v > MAX_FUNCTION_LINES}
