@@ -249,7 +249,7 @@ def half_empty_fraction(requests) -> float:
     return float(tail / busy) if busy > 0 else 0.0
 
 
-def idle_while_waiting_fraction(res) -> float:
+def idle_while_waiting_fraction(res, since: str = "arrival_s") -> float:
     """Share of a run's duration in which the GPU ran nothing although an arrived request was waiting.
 
     Lockstep policies idle between batches while a static batch fills up or a dynamic timer runs; an
@@ -260,11 +260,14 @@ def idle_while_waiting_fraction(res) -> float:
     Parameters
     ----------
     res : SimResult
+    since : {"arrival_s", "seen_s"}
+        The per-request column a request waits from: its arrival (the client's view), or when the engine saw it
+        (:func:`idle_while_queued_fraction`).
 
     Returns
     -------
     float
-        Dimensionless, in [0, 1]: idle seconds with a request waiting over the run's duration (first arrival
+        Dimensionless, in [0, 1]: idle seconds with a request waiting over the run's duration (first ``since``
         to last finish).
     """
     req = res.requests[~res.requests["rejected"]]
@@ -272,12 +275,22 @@ def idle_while_waiting_fraction(res) -> float:
     prev_end = np.concatenate([[-np.inf], (start + res.steps["duration_s"].to_numpy())[:-1]])
     order = np.argsort(req["scheduled_s"].to_numpy(), kind="stable")
     sched = req["scheduled_s"].to_numpy()[order]
-    oldest = np.minimum.accumulate(req["arrival_s"].to_numpy()[order][::-1])[::-1]  # oldest of those scheduled later
+    oldest = np.minimum.accumulate(req[since].to_numpy()[order][::-1])[::-1]  # oldest of those scheduled later
     k = np.searchsorted(sched, start, side="left")  # first request scheduled at or after each step's start
     waiting_since = np.where(k < sched.size, oldest[np.minimum(k, sched.size - 1)], np.inf)
     idle = np.clip(start - np.maximum(prev_end, waiting_since), 0.0, None)
-    duration = req["finish_s"].max() - res.requests["arrival_s"].min()
+    duration = req["finish_s"].max() - res.requests[since].min()
     return float(idle.sum() / duration) if duration > 0 else 0.0
+
+
+def idle_while_queued_fraction(res) -> float:
+    """:func:`idle_while_waiting_fraction` as the engine sees it: the GPU ran nothing although a request had
+    reached the engine (``seen_s``: after the API server and ``request_latency_s``) and was not yet scheduled.
+
+    The time a request spends on its way is left out: no scheduler can run a request it has not seen.
+    Dimensionless, over the run from the engine's first sight of a request to the last finish. Used in chapter 02.
+    """
+    return idle_while_waiting_fraction(res, since="seen_s")
 
 
 def full_batch_fraction(res) -> float:

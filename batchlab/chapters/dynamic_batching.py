@@ -8,19 +8,17 @@ Every policy gets the same stream, the requests that fit the model's context
 :func:`delay_load_chart` draws latency against the load and against the delay at the selected load.
 :func:`engine_arrival_s` says when the engine sees each request, after the serving terms of the cost model (the
 API server's tokenising and the request latency), so that an idle GPU can be told apart from a request still on
-its way (:func:`idle_while_queued_fraction`). The facts at the end (saturation throughputs, the low-load
-comparison) come from the same cached runs as the page.
+its way (:func:`batchlab.metrics.idle_while_queued_fraction`). The facts at the end (saturation throughputs, the
+low-load comparison) come from the same cached runs as the page.
 """
 from __future__ import annotations
-
-from types import SimpleNamespace
 
 import altair as alt
 import numpy as np
 import pandas as pd
 
 from .. import viz
-from ..metrics import full_batch_fraction, idle_while_waiting_fraction
+from ..metrics import full_batch_fraction, idle_while_queued_fraction, idle_while_waiting_fraction
 from ..sim import simulate
 from ..vllm import vllm_defaults
 from ..workload import preset
@@ -61,19 +59,6 @@ def engine_arrival_s(res) -> np.ndarray:
         Seconds, one per request; NaN for a request rejected before the loop (it never reaches the engine).
     """
     return res.requests["seen_s"].to_numpy(dtype=float, copy=True)
-
-
-def idle_while_queued_fraction(res) -> float:
-    """:func:`batchlab.metrics.idle_while_waiting_fraction` as the engine sees it: the GPU ran nothing although
-    a request had reached the engine (:func:`engine_arrival_s`) and was not yet scheduled.
-
-    The time a request spends on its way (tokenising, ``request_latency_s``) is left out: no scheduler can
-    run a request it has not seen. Dimensionless, over the run from the engine's first sight of a request to
-    the last finish. Used in chapter 02.
-    """
-    # idle_while_waiting_fraction reads only these two frames
-    seen = SimpleNamespace(requests=res.requests.assign(arrival_s=engine_arrival_s(res)), steps=res.steps)
-    return idle_while_waiting_fraction(seen)
 
 
 def policy_grid(cost, workload: str, n_requests: int, rates_req_s, *, batch_size: int = 32, delays_s=(), seed=0,
