@@ -49,7 +49,7 @@ from ._data import read_calibration
 from .hardware import DTYPES, Hardware
 from .models import BYTES_PER_ELEMENT, ModelSpec
 from . import _kernels as k
-from . import _validate
+from . import _checks
 from ._kernels import step_cost
 from . import vllm
 from .vllm import VLLM_SEQS, VLLM_TOKENS
@@ -153,20 +153,20 @@ class CostModel:
         self.hardware.check()  # again: tuple.__new__ and pickles of old versions skip the constructor's check
         self.model.check()
         for field in ("dtype", "kv_dtype"):
-            _validate.choice(field, getattr(self, field), DTYPES)
-        object.__setattr__(self, "tp", _validate.integer("tp", self.tp, 1, 8))
+            _checks.choice(field, getattr(self, field), DTYPES)
+        object.__setattr__(self, "tp", _checks.integer("tp", self.tp, 1, 8))
         # Fields are stored as Python floats, so np.float32 efficiencies give the same coefficients as floats.
         for field in ("eta_compute", "eta_memory", "eta_attn"):
-            object.__setattr__(self, field, _validate.real(field, getattr(self, field), 0, 1, low_open=True,
+            object.__setattr__(self, field, _checks.real(field, getattr(self, field), 0, 1, low_open=True,
                                                            allowed="in (0, 1]"))
         if self.eta_elementwise is not None:
-            object.__setattr__(self, "eta_elementwise", _validate.real(
+            object.__setattr__(self, "eta_elementwise", _checks.real(
                 "eta_elementwise", self.eta_elementwise, 0, 1, low_open=True, allowed="None or in (0, 1]"))
-        object.__setattr__(self, "cpu_hidden_fraction", _validate.real(
+        object.__setattr__(self, "cpu_hidden_fraction", _checks.real(
             "cpu_hidden_fraction", self.cpu_hidden_fraction, 0, 1, allowed="in [0, 1]"))
         for field in ("overhead_s", "allreduce_latency_s", "request_latency_s", "frontend_s_per_token", "cpu_step_s",
                       "cpu_seq_s"):
-            object.__setattr__(self, field, _validate.real(field, getattr(self, field), 0,
+            object.__setattr__(self, field, _checks.real(field, getattr(self, field), 0,
                                                            allowed="a finite number of seconds >= 0"))
 
     # -- derived quantities -------------------------------------------------------------------
@@ -320,7 +320,7 @@ class CostModel:
         if isinstance(sampled, bool) or not isinstance(sampled, (int, np.integer)) or not 0 <= sampled <= n_chunks:
             raise ValueError(f"sampled_chunks must be an integer from 0 to {n_chunks}, got {sampled_chunks!r}")
         out = step_cost(self.coefficients(), new_tokens, attn_work, cached, sampled + ctx.size, n_chunks + ctx.size,
-                        _validate.flag("asynchronous", asynchronous))
+                        _checks.flag("asynchronous", asynchronous))
         total, gemm, attn, comm, elementwise, lm_head, cpu, flops, nbytes, compute_bound = out
         return StepBreakdown(total, gemm, attn, comm, elementwise, self.overhead_s, flops, nbytes,
                              "compute" if compute_bound else "memory", lm_head, cpu)
@@ -340,14 +340,14 @@ class CostModel:
         if (b < 1).any() or (ctx < 0).any():
             raise ValueError("batch must be >= 1 and context >= 0")
         coef = self.coefficients()
-        asynchronous = _validate.flag("asynchronous", asynchronous)
+        asynchronous = _checks.flag("asynchronous", asynchronous)
         out = np.array([step_cost(coef, bi, 2 * bi * ci, bi * ci, bi, bi, asynchronous)[0]
                         for bi, ci in zip(b.ravel(), ctx.ravel())])
         return float(out[0]) if b.ndim == 0 else out.reshape(b.shape)
 
     def prefill_time(self, tokens: int) -> float:
         """Seconds to prefill one prompt of ``tokens`` tokens alone, unchunked."""
-        tokens = _validate.integer("tokens", tokens, 1, _validate.MAX_TOKENS)
+        tokens = _checks.integer("tokens", tokens, 1, _checks.MAX_TOKENS)
         return self.step_time(prefill_chunks=[(tokens, 0)])
 
     def ridge(self) -> float:

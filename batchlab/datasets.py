@@ -26,7 +26,7 @@ from typing import NamedTuple
 import pooch
 import requests
 
-from . import _validate
+from . import _checks
 from .traces import read_trace
 from .workload import Requests
 from .vllm import BLOCK_SIZE
@@ -174,9 +174,9 @@ def replay(name: str, speedup: float = 1.0, limit: int | None = None) -> Request
         milliseconds (on a grid of about 3 s: requests come in groups).
     """
     info = _info(name)
-    speedup = _validate.real("speedup", speedup, 0, low_open=True, allowed="a finite number > 0")
+    speedup = _checks.real("speedup", speedup, 0, low_open=True, allowed="a finite number > 0")
     if limit is not None:
-        limit = _validate.integer("limit", limit, 1, 2**62)
+        limit = _checks.integer("limit", limit, 1, 2**62)
     reqs = read_trace(fetch(name), info.arrival, info.prompt, info.output, info.time_unit, info.prefix_blocks,
                       info.prefix_block_tokens)
     if limit is not None:

@@ -13,7 +13,7 @@ from functools import cached_property
 import numpy as np
 import pandas as pd
 
-from . import _validate
+from . import _checks
 from ._kernels import (POLICY_CHUNKED, REQ_CACHED, REQ_COMPUTED, REQ_OUTPUT, REQ_PREEMPT, REQ_RECOMPUTED, REQ_REJECT,
                        ROUTERS, STATUS_OK, TIME_FINISH, TIME_FIRST, TIME_RELEASE, TIME_SCHED, TIME_SEEN, TIME_SENT,
                        TOTAL_BUSY_S, FleetOutput, Knobs, Stream, fleet_kernel)
@@ -147,7 +147,7 @@ class FleetResult:
         """Engine ``i`` as a :class:`SimResult` over the requests it served (a prefill instance: their prompts and
         first tokens; a decode instance: their outputs, with the TTFT of their prefill). Its ``summary()`` has
         DESIGN section 5's keys, its prefix-cache hit rate among them."""
-        i = _validate.integer("i", i, 0, self.n_engines - 1)
+        i = _checks.integer("i", i, 0, self.n_engines - 1)
         rows = self._rows(i)
         if rows.size == 0:
             raise ValueError(f"engine {i} served no request (summaries() lists it with requests = 0)")
@@ -203,13 +203,13 @@ def _given(knobs: dict) -> dict:
 def _run(requests, cost, n_engines, n_prefill, router, link, knobs, block_size, gpu_memory_utilization,
          num_kv_blocks, record_tokens, record_schedule) -> FleetResult:
     check_inputs(requests, cost)
-    _validate.choice("router", router, ROUTERS)
+    _checks.choice("router", router, ROUTERS)
     run = prepare(requests, cost, "chunked", _given(knobs), block_size, gpu_memory_utilization, num_kv_blocks)
     resolved, output, max_model_len = run.knobs, run.output, run.max_model_len
     if router == "prefix_aware" and not resolved["enable_prefix_caching"]:
         raise ValueError("router='prefix_aware' reads the engines' prefix caches: it needs enable_prefix_caching=True")
-    record_tokens = _validate.flag("record_tokens", record_tokens, False)
-    record_schedule = _validate.flag("record_schedule", record_schedule, False)
+    record_tokens = _checks.flag("record_tokens", record_tokens, False)
+    record_schedule = _checks.flag("record_schedule", record_schedule, False)
     kv_bytes, transfer_s = transfer_times(cost, requests.prompt_tokens, link or "nvlink")
     stream = Stream(requests.arrival_s, requests.prompt_tokens, output, run.prefix_ids, requests.prefix_offsets,
                     requests.prefix_block_tokens)
@@ -234,7 +234,7 @@ def transfer_times(cost, prompt_tokens, link: str = "nvlink") -> tuple[np.ndarra
     latency ``interconnect_latency_s``, and over ``"network"`` (another node) ``network_bytes_per_s`` and
     ``network_latency_s``; under tensor parallelism each of the ``tp`` GPUs sends its shard over its own link.
     """
-    _validate.choice("link", link, LINKS)
+    _checks.choice("link", link, LINKS)
     hw = cost.hardware
     bandwidth, latency = ((hw.interconnect_bytes_per_s, hw.interconnect_latency_s) if link == "nvlink"
                           else (hw.network_bytes_per_s, hw.network_latency_s))
@@ -271,7 +271,7 @@ def simulate_fleet(requests, cost, n_replicas: int = 2, *, router: str = "least_
     -------
     FleetResult
     """
-    n = _validate.integer("n_replicas", n_replicas, 1, 1024)
+    n = _checks.integer("n_replicas", n_replicas, 1, 1024)
     return _run(requests, cost, n, 0, router, None, knobs, block_size, gpu_memory_utilization, num_kv_blocks,
                 record_tokens, record_schedule)
 
@@ -296,8 +296,8 @@ def simulate_disaggregated(requests, cost, n_prefill: int = 1, n_decode: int = 1
     -------
     FleetResult
     """
-    n_p = _validate.integer("n_prefill", n_prefill, 1, 1024)
-    n_d = _validate.integer("n_decode", n_decode, 1, 1024)
-    link = _validate.choice("link", link, LINKS)
+    n_p = _checks.integer("n_prefill", n_prefill, 1, 1024)
+    n_d = _checks.integer("n_decode", n_decode, 1, 1024)
+    link = _checks.choice("link", link, LINKS)
     return _run(requests, cost, n_p + n_d, n_p, router, link, knobs, block_size, gpu_memory_utilization,
                 num_kv_blocks, record_tokens, record_schedule)

@@ -5,7 +5,7 @@ from functools import cache
 from typing import NamedTuple
 
 from ._data import read_presets
-from ._validate import CheckedTuple, flag, real
+from ._checks import CheckedTuple, flag, real
 
 DTYPES = ("bf16", "fp8")
 GiB = 1024**3  # bytes

@@ -18,7 +18,7 @@ import math
 
 import numpy as np
 
-from . import _validate
+from . import _checks
 from ._kernels import ITL_RELATIVE_ERROR  # noqa: F401 - the bound summary() promises on ITL percentiles
 
 
@@ -212,7 +212,7 @@ def goodput(requests, ttft_s: float | None = None, tpot_s: float | None = None, 
     done = ~np.asarray(requests["rejected"])
     ok = done.copy()
     for col, slo in slos.items():
-        slo = _validate.real(f"{col} SLO", slo, 0.0, math.inf, low_open=True, allow_inf=True, allowed="> 0 seconds")
+        slo = _checks.real(f"{col} SLO", slo, 0.0, math.inf, low_open=True, allow_inf=True, allowed="> 0 seconds")
         ok &= ~(np.asarray(requests[col]) > slo)  # NaN (a one-token output) meets a tpot or itl SLO
     if not done.any():
         return 0.0

@@ -5,7 +5,7 @@ from functools import cache
 from typing import NamedTuple
 
 from ._data import read_presets
-from ._validate import CheckedTuple, integer
+from ._checks import CheckedTuple, integer
 
 BYTES_PER_ELEMENT = {"bf16": 2, "fp8": 1}
 

@@ -6,7 +6,7 @@ section 4.
 """
 from __future__ import annotations
 
-from . import _validate
+from . import _checks
 
 from ._kernels import POLICIES, STATUS_OK, Knobs, Stream, simulate_kernel
 from .cost import CostModel
@@ -38,7 +38,7 @@ def _check_int64(requests, policy, knobs) -> None:
         return  # the iteration loop's attention work is float64; its integer sums are bounded by the pool
     capacity = (knobs["num_kv_blocks"] - 1) * knobs["block_size"]
     worst = capacity * min(int(requests.prompt_tokens.max()), capacity)
-    if worst > _validate.INT64_MAX:
+    if worst > _checks.INT64_MAX:
         raise ValueError(f"num_kv_blocks={knobs['num_kv_blocks']} of block_size={knobs['block_size']} with prompts of "
                          f"up to {int(requests.prompt_tokens.max())} tokens lets a {policy} batch's prefill work "
                          f"(b x p_max^2 <= {worst:.3g}) pass 2**63; lower num_kv_blocks or the prompts")
@@ -123,14 +123,14 @@ def simulate(requests, policy: str, cost, *, batch_size=None, max_queue_delay_s=
     x min(longest prompt, that capacity) below 2**63, which bounds a lockstep batch's prefill work b p_max^2.
     Every other sum the loop keeps is bounded by the KV pool or computed in float64.
     """
-    _validate.choice("policy", policy, POLICIES)
+    _checks.choice("policy", policy, POLICIES)
     check_inputs(requests, cost)
     given = {name: value for name, value in locals().items() if name in KNOB_POLICIES}  # the knob arguments
     run = prepare(requests, cost, policy, given, block_size, gpu_memory_utilization, num_kv_blocks)
     knobs = run.knobs
     _check_int64(requests, policy, knobs)
-    record = _validate.flag("record_schedule", record_schedule, False)
-    record_tokens = _validate.flag("record_tokens", record_tokens, True)
+    record = _checks.flag("record_schedule", record_schedule, False)
+    record_tokens = _checks.flag("record_tokens", record_tokens, True)
     stream = Stream(requests.arrival_s, requests.prompt_tokens, run.output, run.prefix_ids, requests.prefix_offsets,
                     requests.prefix_block_tokens)
     out = simulate_kernel(stream, Knobs(

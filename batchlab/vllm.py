@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import _validate
+from . import _checks
 from ._kernels import (POLICIES, RULE_ASYNC, RULE_CHUNKING, RULE_PREFIX_CACHE, RULE_RESERVE_FULL, RULE_STOP_UNFIT,
                        RULE_THRESHOLD_ALONE)
 from .hardware import GiB
@@ -143,10 +143,10 @@ def kv_pool_blocks(cost, gpu_memory_utilization: float, block_size: int, max_num
     ``max_num_batched_tokens`` tokens and the CUDA graphs, and gives the KV cache what is left of
     ``gpu_memory_utilization`` of the memory.
     """
-    gpu_memory_utilization = _validate.real("gpu_memory_utilization", gpu_memory_utilization, 0, 1, low_open=True)
-    block_size = _validate.integer("block_size", block_size, 1, 2**16)
-    max_num_batched_tokens = _validate.integer("max_num_batched_tokens", max_num_batched_tokens, 0, 2**40)
-    max_num_seqs = _validate.integer("max_num_seqs", max_num_seqs, 0, 2**40)
+    gpu_memory_utilization = _checks.real("gpu_memory_utilization", gpu_memory_utilization, 0, 1, low_open=True)
+    block_size = _checks.integer("block_size", block_size, 1, 2**16)
+    max_num_batched_tokens = _checks.integer("max_num_batched_tokens", max_num_batched_tokens, 0, 2**40)
+    max_num_seqs = _checks.integer("max_num_seqs", max_num_seqs, 0, 2**40)
     free = (gpu_memory_utilization * cost.hardware.hbm_bytes - cost.weight_bytes
             - reserved_bytes(cost, max_num_batched_tokens, max_num_seqs))
     return max(int(free // (block_size * cost.kv_bytes_per_token)), 0)
@@ -155,7 +155,7 @@ def kv_pool_blocks(cost, gpu_memory_utilization: float, block_size: int, max_num
 # -- knobs -------------------------------------------------------------------------------------------------------
 
 def _int_knob(name, value, low, high=2**40):
-    return _validate.integer(name, value, low, high)
+    return _checks.integer(name, value, low, high)
 
 
 def resolve_knobs(cost, policy, given, block_size, gpu_memory_utilization, num_kv_blocks) -> dict:
@@ -163,7 +163,7 @@ def resolve_knobs(cost, policy, given, block_size, gpu_memory_utilization, num_k
 
     ``given`` maps every name of :data:`KNOB_POLICIES` to the user's value or None.
     """
-    gpu_memory_utilization = _validate.real("gpu_memory_utilization", gpu_memory_utilization, 0, 1, low_open=True)
+    gpu_memory_utilization = _checks.real("gpu_memory_utilization", gpu_memory_utilization, 0, 1, low_open=True)
     for knob, value in given.items():
         if value is not None and policy not in KNOB_POLICIES[knob]:
             raise ValueError(f"{knob} applies to policy {' or '.join(KNOB_POLICIES[knob])}, not {policy!r}")
@@ -174,7 +174,7 @@ def resolve_knobs(cost, policy, given, block_size, gpu_memory_utilization, num_k
         knobs["batch_size"] = _int_knob("batch_size", STATIC_BATCH_SIZE if batch_size is None else batch_size, 1)
         if policy == "dynamic":
             delay = DYNAMIC_MAX_QUEUE_DELAY_S if given["max_queue_delay_s"] is None else given["max_queue_delay_s"]
-            knobs["max_queue_delay_s"] = _validate.real("max_queue_delay_s", delay, 0, allowed="finite seconds >= 0")
+            knobs["max_queue_delay_s"] = _checks.real("max_queue_delay_s", delay, 0, allowed="finite seconds >= 0")
     else:
         _iteration_knobs(knobs, cost, policy, given, defaults)
     knobs["num_kv_blocks"] = _pool(cost, knobs, defaults, gpu_memory_utilization, num_kv_blocks)
@@ -195,13 +195,13 @@ def _iteration_knobs(knobs, cost, policy, given, defaults) -> None:
     concurrency = given["max_concurrency"]
     knobs["max_concurrency"] = None if concurrency is None else _int_knob("max_concurrency", concurrency, 1)
     if policy == "continuous":
-        knobs["prefill_only_steps"] = _validate.flag("prefill_only_steps", given["prefill_only_steps"], False)
+        knobs["prefill_only_steps"] = _checks.flag("prefill_only_steps", given["prefill_only_steps"], False)
         return
     threshold = given["long_prefill_token_threshold"]
     knobs["long_prefill_token_threshold"] = _int_knob("long_prefill_token_threshold",
                                                       0 if threshold is None else threshold, 0)
     for name in CHUNKED_SWITCHES:
-        knobs[name] = _validate.flag(name, given[name], True)
+        knobs[name] = _checks.flag(name, given[name], True)
     max_model_len = cost.model.max_position_embeddings if given["max_model_len"] is None else given["max_model_len"]
     if max_model_len != 0:  # 0: not modelled (batchlab's first version)
         max_model_len = _int_knob("max_model_len", max_model_len, 2)
@@ -273,7 +273,7 @@ class Prepared(NamedTuple):
 def prepare(requests, cost, policy: str, given: dict, block_size, gpu_memory_utilization, num_kv_blocks) -> Prepared:
     """The step :func:`batchlab.simulate` and the fleet share: knobs resolved with vLLM's defaults and checked as
     vLLM checks them, outputs clipped, rule bits set and prefix ids made dense."""
-    _validate.choice("policy", policy, POLICIES)
+    _checks.choice("policy", policy, POLICIES)
     knobs = resolve_knobs(cost, policy, given, block_size, gpu_memory_utilization, num_kv_blocks)
     max_model_len = knobs.get("max_model_len", 0)
     prefix_ids = np.unique(requests.prefix_ids, return_inverse=True)[1].astype(np.int64).reshape(-1)

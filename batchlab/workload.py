@@ -12,9 +12,9 @@ from functools import cache
 import numpy as np
 import pandas as pd
 
-from . import _validate as v
+from . import _checks as v
 from ._data import DATA_DIR
-from ._validate import MAX_ARRIVAL_S, MAX_STREAM_TOKENS, MAX_TOKENS
+from ._checks import MAX_ARRIVAL_S, MAX_STREAM_TOKENS, MAX_TOKENS
 from .vllm import BLOCK_SIZE
 
 

@@ -1,5 +1,5 @@
-"""One validation layer for the public API: every refusal a ``ValueError`` naming the field, the value and what is
-allowed.
+"""One input-checking layer for the public API (not :mod:`batchlab.validate`, which checks predictions against
+measured runs): every refusal a ``ValueError`` naming the field, the value and what is allowed.
 
 The rules, the same everywhere:
 
