@@ -361,6 +361,16 @@ def _key(r, b, block_size, rules):
     return ("own", r.idx, b)
 
 
+def choose_victim(running) -> int:
+    """Index of the running request to preempt: vLLM 0.33's FCFS ``self.running.pop()``, the last admitted."""
+    return len(running) - 1
+
+
+def next_waiting(waiting):
+    """The waiting request tried next: vLLM 0.33's FCFS ``self.waiting.peek_request()``, the front."""
+    return waiting[0]
+
+
 def _vllm_033(live, cost, max_num_seqs, budget, threshold, rules, usable, block_size):
     now = last_start = 0.0
     busy = False
@@ -421,7 +431,13 @@ def _vllm_033(live, cost, max_num_seqs, budget, threshold, rules, usable, block_
             need = _blocks(r.computed + n, block_size) - len(r.block_ids)
             ok = True
             while need > n_free():
-                victim = running.pop()
+                v = choose_victim(running)
+                victim = running.pop(v)
+                if v < i:  # already scheduled in this step: its tokens come back, the rows after it move up
+                    i -= 1
+                    if victim.emitted != victim.output:
+                        k = next(k for k, (s, _) in enumerate(scheduled) if s is victim)
+                        left += scheduled.pop(k)[1]
                 dropped = True
                 drop(victim)
                 if victim.emitted == victim.output:
@@ -441,7 +457,7 @@ def _vllm_033(live, cost, max_num_seqs, budget, threshold, rules, usable, block_
             left -= n
             i += 1
         while not dropped and waiting and left > 0 and len(running) < max_num_seqs:
-            r = waiting[0]
+            r = next_waiting(waiting)
             hits = pool.hits([_key(r, b, block_size, rules) for b in range((r.known - 1) // block_size)]) \
                 if rules.caching else []
             computed = len(hits) * block_size

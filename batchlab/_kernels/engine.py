@@ -210,11 +210,12 @@ def _run_until(engine, steps, sched, risky, live, req, times, tok_times, config,
             lo = first_new if (prefill_only_steps and st[ST_RUNNING] > first_new) else 0
             hi = st[ST_RUNNING]
             n_scheduled = hi - lo
-            n_victims = 0
+            n_victims = n_dropped = 0
         else:  # chunked steps 1 (running requests first, preempting) and 2 (the waiting ones)
-            hi, n_scheduled, left, n_victims, n_dropped = _schedule_running(
+            hi, n_scheduled, left, n_victims, n_dropped, lowest = _schedule_running(
                 st, run, run_t, wait, req, times, victims, budget, thr, block_size, pool, seat_blocks, prefix_ids,
                 prefix_tokens, max_blocks + 1, st[ST_STEPS], prev_end, tok_times)
+            first_held = min(first_held, lowest) if st[ST_PENDING] > 0 else first_held  # held rows may move up
             if n_dropped == 0 and st[ST_WAIT_LEN] > 0 and left > 0 and st[ST_RUNNING] < max_num_seqs:  # no preemption
                 _admit_waiting(st, run, run_t, wait, skipped, slot_times, pool, seat_blocks, hit_slots, req, times,
                                config, now, left, thr)
@@ -230,8 +231,8 @@ def _run_until(engine, steps, sched, risky, live, req, times, tok_times, config,
                 first_held = NO_ROW
                 busy = False
                 continue
-            # Only possible when every waiting request was just rejected; anything else is a bug.
-            if st[ST_FINISHED] == n_live or (st[ST_RUNNING] == 0 and st[ST_WAIT_LEN] == 0):
+            # Only when every waiting request was just rejected or preemption emptied the step; else a bug.
+            if n_dropped > 0 or st[ST_FINISHED] == n_live or (st[ST_RUNNING] == 0 and st[ST_WAIT_LEN] == 0):
                 continue
             status = STATUS_STUCK
             break

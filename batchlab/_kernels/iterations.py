@@ -98,16 +98,41 @@ def _send_and_queue(st, times, live, wait, slot_times, view_s, req, coef, fronte
     return np.inf
 
 
-@njit(cache=True, _nrt=False)
-def _preempt_last(st, run, run_t, wait, req, times, pool, seat_blocks, prefix_ids, prefix_tokens, unique_stride,
-                  block_size, step_index, prev_end, tok_times):
-    """Preempt the last running request: free its blocks, restart it from zero at the front of the queue.
+# -- the two choices vLLM's policy makes: whom to preempt and whom to admit next. Every other function works for
+# any answer, so a policy (vLLM's priority scheduling: the victim is the running request of the largest (priority,
+# arrival), the next admitted the waiting one of the smallest) changes these and their tests only.
 
-    Returns the request preempted, or -1 when the last row had already finished (async scheduling still
-    held it): it simply leaves. A token it emitted in the step just before is written to ``tok_times`` here.
+@njit(cache=True, _nrt=False)
+def choose_victim(run, n_running):
+    """The running row vLLM 0.33's FCFS policy preempts: the last one, the latest admitted (``scheduler.py``
+    ``Scheduler.schedule``: ``self.running.pop()``)."""
+    return n_running - 1
+
+
+@njit(cache=True, _nrt=False)
+def next_waiting(st, wait):
+    """The waiting request vLLM 0.33's FCFS policy tries next: the front of the queue (``scheduler.py``
+    ``Scheduler.schedule``: ``self.waiting.peek_request()``), where a preempted request was put back too."""
+    return wait[st[ST_WAIT_HEAD]]
+
+
+@njit(cache=True, _nrt=False)
+def _pop_waiting(st, wait):
+    """Take the request :func:`next_waiting` named off the queue."""
+    st[ST_WAIT_HEAD] = (st[ST_WAIT_HEAD] + 1) % wait.shape[0]
+    st[ST_WAIT_LEN] -= 1
+
+
+@njit(cache=True, _nrt=False)
+def _preempt_row(st, run, run_t, wait, req, times, pool, seat_blocks, prefix_ids, prefix_tokens, unique_stride,
+                 block_size, step_index, prev_end, tok_times, v):
+    """Preempt running row ``v``: free its blocks, restart it from zero at the front of the queue; the rows
+    after it move up one, keeping their order.
+
+    Returns the request preempted, or -1 when the row had already finished (async scheduling still held it):
+    it simply leaves. A token it emitted in the step just before is written to ``tok_times`` here.
     """
     n = wait.shape[0]
-    v = st[ST_RUNNING] - 1
     victim = run[v, RUN_REQ]
     if pool.shape[0] > 1:
         seat = run[v, RUN_SEAT]
@@ -126,6 +151,7 @@ def _preempt_last(st, run, run_t, wait, req, times, pool, seat_blocks, prefix_id
     if run[v, RUN_EMIT] == run[v, RUN_OUT]:
         st[ST_FINISHED] += 1
         st[ST_PENDING] -= 1
+        _move_rows(run, run_t, v, v + 1, st[ST_RUNNING] - v)
         return -1
     req[victim, REQ_LOST] += run[v, RUN_COMP] - run[v, RUN_HIT]
     req[victim, REQ_HIGH_WATER] = max(req[victim, REQ_HIGH_WATER], run[v, RUN_COMP])
@@ -134,6 +160,7 @@ def _preempt_last(st, run, run_t, wait, req, times, pool, seat_blocks, prefix_id
     st[ST_WAIT_HEAD] = (st[ST_WAIT_HEAD] - 1) % n
     wait[st[ST_WAIT_HEAD]] = victim
     st[ST_WAIT_LEN] += 1
+    _move_rows(run, run_t, v, v + 1, st[ST_RUNNING] - v)
     return victim
 
 
@@ -160,9 +187,10 @@ def _schedule_running(st, run, run_t, wait, req, times, victims, budget, thresho
                       prefix_ids, prefix_tokens, unique_stride, step_index, prev_end, tok_times):
     """Chunked step 1: running requests in admission order, each asking for a decode or its next chunk.
 
-    A request that cannot get its blocks preempts the last running request (possibly itself, which ends
-    the pass). A row that has finished (held one more step by async scheduling) is skipped. Returns (rows
-    passed, rows scheduled, budget left, requests preempted in ``victims``, rows dropped).
+    A request that cannot get its blocks preempts the row :func:`choose_victim` names (possibly itself, which
+    ends the pass; one already scheduled in this step gives its tokens back). A row that has finished (held one
+    more step by async scheduling) is skipped. Returns (rows passed, rows scheduled, budget left, requests
+    preempted in ``victims``, rows dropped, the lowest row dropped or NO_ROW).
     """
     caching = pool.shape[0] > 1
     hi = 0
@@ -170,6 +198,7 @@ def _schedule_running(st, run, run_t, wait, req, times, victims, budget, thresho
     left = budget
     n_victims = 0
     n_dropped = 0
+    lowest = NO_ROW
     n_running = st[ST_RUNNING]  # locals: the state vector is written only around calls that change it
     free = st[ST_FREE_BLOCKS]
     while hi < n_running and left > 0:
@@ -188,19 +217,25 @@ def _schedule_running(st, run, run_t, wait, req, times, victims, budget, thresho
             need = blocks_for(run[hi, RUN_COMP] + want, block_size) - run[hi, RUN_BLOCKS]
         scheduled = True
         while need > free:
-            was_last = n_running - 1 == hi
+            v = choose_victim(run, n_running)
+            if v < hi and run[v, RUN_EMIT] != run[v, RUN_OUT]:  # scheduled in this step: its tokens come back
+                left += run[v, RUN_TOK]
+                n_scheduled -= 1
             st[ST_FREE_BLOCKS] = free
-            victim = _preempt_last(st, run, run_t, wait, req, times, pool, seat_blocks, prefix_ids, prefix_tokens,
-                                   unique_stride, block_size, step_index, prev_end, tok_times)
+            victim = _preempt_row(st, run, run_t, wait, req, times, pool, seat_blocks, prefix_ids, prefix_tokens,
+                                  unique_stride, block_size, step_index, prev_end, tok_times, v)
             n_running = st[ST_RUNNING]
             free = st[ST_FREE_BLOCKS]
             n_dropped += 1
+            lowest = min(lowest, v)
             if victim >= 0:
                 victims[n_victims] = victim
                 n_victims += 1
-            if was_last:
+            if v == hi:
                 scheduled = False
                 break
+            if v < hi:
+                hi -= 1  # the rows after it, this one included, moved up one
         if not scheduled:
             break
         run[hi, RUN_TOK] = want
@@ -222,7 +257,9 @@ def _schedule_running(st, run, run_t, wait, req, times, victims, budget, thresho
         hi += 1
         n_scheduled += 1
     st[ST_FREE_BLOCKS] = free
-    return hi, n_scheduled, left, n_victims, n_dropped
+    if hi < n_running and n_dropped > 0:  # rows a victim before the last row kept the pass from reaching
+        _settle_last(run, run_t, hi, n_running, step_index, prev_end, tok_times)
+    return hi, n_scheduled, left, n_victims, n_dropped, lowest
 
 
 @njit(cache=True, _nrt=False)
@@ -241,7 +278,7 @@ def _admit_waiting(st, run, run_t, wait, skipped, slot_times, pool, seat_blocks,
     n_skip = 0
     caching = pool.shape[0] > 1
     while st[ST_WAIT_LEN] > 0 and left > 0 and st[ST_RUNNING] < max_num_seqs:
-        r = wait[st[ST_WAIT_HEAD]]
+        r = next_waiting(st, wait)
         n_tokens = req[r, REQ_PROMPT] + req[r, REQ_EMITTED]
         hits = 0
         idle = 0
@@ -256,16 +293,14 @@ def _admit_waiting(st, run, run_t, wait, skipped, slot_times, pool, seat_blocks,
             want = threshold
         if rules & RULE_CHUNKING == 0 and want > left:
             if want > budget:  # a resumed request whose recomputation can never fit one iteration
-                st[ST_WAIT_HEAD] = (st[ST_WAIT_HEAD] + 1) % n
-                st[ST_WAIT_LEN] -= 1
+                _pop_waiting(st, wait)
                 req[r, REQ_REJECT] = REJECT_RECOMPUTE
                 st[ST_FINISHED] += 1
                 _free_slot(st, slot_times, now)
                 continue
             if rules & RULE_STOP_UNFIT:
                 break
-            st[ST_WAIT_HEAD] = (st[ST_WAIT_HEAD] + 1) % n  # set aside; it keeps its place at the front
-            st[ST_WAIT_LEN] -= 1
+            _pop_waiting(st, wait)  # set aside; it keeps its place at the front
             skipped[n_skip] = r
             n_skip += 1
             continue
@@ -277,8 +312,7 @@ def _admit_waiting(st, run, run_t, wait, skipped, slot_times, pool, seat_blocks,
             need, need_full = blocks_for(computed + want, block_size), blocks_for(n_tokens, block_size)
         if need > st[ST_FREE_BLOCKS] or (rules & RULE_RESERVE_FULL and need_full > st[ST_FREE_BLOCKS]):
             break
-        st[ST_WAIT_HEAD] = (st[ST_WAIT_HEAD] + 1) % n
-        st[ST_WAIT_LEN] -= 1
+        _pop_waiting(st, wait)
         if times[r, TIME_SCHED] != times[r, TIME_SCHED]:  # NaN: first time scheduled
             times[r, TIME_SCHED] = now
             req[r, REQ_CACHED] = computed
@@ -306,16 +340,14 @@ def _admit_whole_prompts(st, run, run_t, wait, req, times, now, budget, max_num_
 
     ``budget`` > 0 caps the prompt tokens admitted in one iteration (vLLM V0). Returns the first new row.
     """
-    n = wait.shape[0]
     first_new = st[ST_RUNNING]
     prompt_sum = 0
     while st[ST_WAIT_LEN] > 0 and st[ST_RUNNING] < max_num_seqs:
-        r = wait[st[ST_WAIT_HEAD]]
+        r = next_waiting(st, wait)
         need = blocks_for(req[r, REQ_PROMPT] + req[r, REQ_OUTPUT] - 1, block_size)
         if need > st[ST_FREE_BLOCKS] or (budget > 0 and prompt_sum + req[r, REQ_PROMPT] > budget):
             break
-        st[ST_WAIT_HEAD] = (st[ST_WAIT_HEAD] + 1) % n
-        st[ST_WAIT_LEN] -= 1
+        _pop_waiting(st, wait)
         st[ST_FREE_BLOCKS] -= need
         prompt_sum += req[r, REQ_PROMPT]
         times[r, TIME_SCHED] = now
@@ -410,7 +442,7 @@ def _settle_last(run, run_t, lo, hi, step_index, prev_end, tok_times):
 
     Only Orca's prefill-only steps leave such rows out. Under ``chunked`` a row that emitted in one step is
     scheduled in the next (the rows before it ask for no more tokens than they did: decodes stay at one, chunks
-    only shrink), unless it is preempted, which :func:`_preempt_last` handles."""
+    only shrink), unless it is preempted, which :func:`_preempt_row` handles."""
     for k in range(lo, hi):
         if run[k, RUN_LAST] == step_index - 1:
             run_t[k] = prev_end
