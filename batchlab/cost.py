@@ -259,11 +259,9 @@ class CostModel:
         return coef
 
     def named_coefficients(self) -> dict[str, float]:
-        """:meth:`coefficients` by name: ``{"gemm_flops_per_token": ..., "weight_bytes": ..., ...}``, each the
-        ``COEF_<NAME>`` slot of the kernels' vector in lower case (for code outside the engine layer)."""
-        coef = self.coefficients()
-        return {name[len("COEF_"):].lower(): float(coef[getattr(k, name)]) for name in dir(k)
-                if name.startswith("COEF_")}
+        """:meth:`coefficients` by name: ``{"gemm_flops_per_token": ..., "weight_bytes": ..., ...}``, the kernels'
+        slot names (``_kernels.COEF_NAMES``), for code outside the engine layer."""
+        return dict(zip(k.COEF_NAMES, map(float, self.coefficients())))
 
     def vllm_reserved_bytes(self, max_num_batched_tokens: int = VLLM_TOKENS["large", "serve"],
                             max_num_seqs: int = VLLM_SEQS["large"]) -> float:

@@ -386,3 +386,12 @@ def test_step_breakdown_defaults_to_async_and_decode_step_time_to_a_float(cost8b
     ctx = [500] * 10
     assert c.step_breakdown(decode_contexts=ctx).total_s == c.step_time(decode_contexts=ctx, asynchronous=True)
     assert type(c.decode_step_time(10, 500)) is float
+
+
+def test_named_coefficients_are_the_kernel_vector_by_slot_name(cost8b):
+    from batchlab import _kernels as k
+
+    named, coef = cost8b.named_coefficients(), cost8b.coefficients()
+    assert list(named) == list(k.COEF_NAMES) and len(named) == k.N_COEF
+    assert named["weight_bytes"] == coef[k.COEF_WEIGHT_BYTES]
+    assert named["comm_s_per_step"] == coef[k.COEF_COMM_S_PER_STEP]
