@@ -25,7 +25,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import _checks
-from ._kernels import (POLICIES, RULE_ASYNC, RULE_CHUNKING, RULE_PREFIX_CACHE, RULE_RESERVE_FULL, RULE_STOP_UNFIT,
+from ._kernels import (RULE_ASYNC, RULE_CHUNKING, RULE_PREFIX_CACHE, RULE_RESERVE_FULL, RULE_STOP_UNFIT,
                        RULE_THRESHOLD_ALONE)
 from .hardware import GiB
 
@@ -272,8 +272,8 @@ class Prepared(NamedTuple):
 
 def prepare(requests, cost, policy: str, given: dict, block_size, gpu_memory_utilization, num_kv_blocks) -> Prepared:
     """The step :func:`batchlab.simulate` and the fleet share: knobs resolved with vLLM's defaults and checked as
-    vLLM checks them, outputs clipped, rule bits set and prefix ids made dense."""
-    _checks.choice("policy", policy, POLICIES)
+    vLLM checks them, outputs clipped, rule bits set and prefix ids made dense. ``policy`` is one of
+    ``POLICIES`` (the callers check it)."""
     knobs = resolve_knobs(cost, policy, given, block_size, gpu_memory_utilization, num_kv_blocks)
     max_model_len = knobs.get("max_model_len", 0)
     prefix_ids = np.unique(requests.prefix_ids, return_inverse=True)[1].astype(np.int64).reshape(-1)
